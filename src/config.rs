@@ -1,0 +1,333 @@
+//! A mount's configuration, and the one parser for `-o` options.
+//!
+//! `layerfs mount` and the `mount.layerfs` helper both build a [`MountConfig`] through
+//! [`MountConfig::apply_options`], so an option means the same everywhere. Every option has
+//! a default that suits a container host; [`OPTIONS`] documents them for `--help`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::view::LinkStyle;
+
+/// The `-o` options, as `--help` lists them.
+pub const OPTIONS: &str = "\
+mount options (-o a,b=c,...):
+  local=DIR            the local read-write directory (required unless --local is given)
+  remote=DIR           the remote read-only tree (the mount helper takes it as SOURCE)
+  driver=NAME          graph driver whose layout is synthesized [overlay]
+  link_style=STYLE     absolute (as iSulad writes them) or relative links [absolute]
+  allow_other          let every user use the mount (needed for containers)
+  allow_root           let root use the mount too
+  ro | rw              mount read-only or read-write [rw]
+  threads=N            threads serving requests [number of CPUs, at least 2]
+  passthrough | nopassthrough
+                       let the kernel do file I/O directly where it can [passthrough]
+  entry_timeout=SECS   how long the kernel caches names [3600]
+  attr_timeout=SECS    how long the kernel caches attributes [3600]
+  log_file=PATH        where a detached daemon logs [none]
+  fsname=NAME          the source shown in /proc/mounts [the remote path]
+  default_permissions  accepted; always on (the kernel checks permissions)";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountConfig {
+    pub remote: PathBuf,
+    pub local: PathBuf,
+    pub mountpoint: PathBuf,
+    pub driver: String,
+    pub link_style: LinkStyle,
+    pub allow_other: bool,
+    pub allow_root: bool,
+    pub read_only: bool,
+    pub foreground: bool,
+    pub threads: usize,
+    pub passthrough: bool,
+    pub entry_timeout: Duration,
+    pub attr_timeout: Duration,
+    pub log_file: Option<PathBuf>,
+    pub fsname: Option<String>,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            remote: PathBuf::new(),
+            local: PathBuf::new(),
+            mountpoint: PathBuf::new(),
+            driver: "overlay".into(),
+            link_style: LinkStyle::Absolute,
+            allow_other: false,
+            allow_root: false,
+            read_only: false,
+            foreground: false,
+            threads: std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .max(2),
+            passthrough: true,
+            entry_timeout: Duration::from_secs(3600),
+            attr_timeout: Duration::from_secs(3600),
+            log_file: None,
+            fsname: None,
+        }
+    }
+}
+
+impl MountConfig {
+    /// Applies a comma-separated option list, as given to `-o`.
+    pub fn apply_options(&mut self, list: &str) -> Result<()> {
+        for opt in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            self.apply_option(opt)?;
+        }
+        Ok(())
+    }
+
+    pub fn apply_option(&mut self, opt: &str) -> Result<()> {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let need = |v: Option<&str>| -> Result<String> {
+            match v {
+                Some(v) if !v.is_empty() => Ok(v.to_owned()),
+                _ => Err(bad(opt, "needs a value")),
+            }
+        };
+        match (key, value) {
+            ("local", v) => self.local = PathBuf::from(need(v)?),
+            ("remote", v) => self.remote = PathBuf::from(need(v)?),
+            ("driver", v) => self.driver = parse_driver(opt, &need(v)?)?,
+            ("link_style", v) => {
+                self.link_style = match need(v)?.as_str() {
+                    "absolute" => LinkStyle::Absolute,
+                    "relative" => LinkStyle::Relative,
+                    _ => return Err(bad(opt, "must be 'absolute' or 'relative'")),
+                }
+            }
+            ("allow_other", None) => self.allow_other = true,
+            ("allow_root", None) => self.allow_root = true,
+            ("ro", None) => self.read_only = true,
+            ("rw", None) => self.read_only = false,
+            ("default_permissions", None) => {}
+            ("passthrough", None) => self.passthrough = true,
+            ("nopassthrough", None) => self.passthrough = false,
+            ("threads", v) => {
+                self.threads = match need(v)?.parse::<usize>() {
+                    Ok(n) if (1..=256).contains(&n) => n,
+                    _ => return Err(bad(opt, "must be a number from 1 to 256")),
+                }
+            }
+            ("entry_timeout", v) => self.entry_timeout = parse_secs(opt, &need(v)?)?,
+            ("attr_timeout", v) => self.attr_timeout = parse_secs(opt, &need(v)?)?,
+            ("log_file", v) => self.log_file = Some(PathBuf::from(need(v)?)),
+            ("fsname", v) => self.fsname = Some(need(v)?),
+            (
+                "allow_other"
+                | "allow_root"
+                | "ro"
+                | "rw"
+                | "default_permissions"
+                | "passthrough"
+                | "nopassthrough",
+                Some(_),
+            ) => return Err(bad(opt, "takes no value")),
+            _ => return Err(Error::UnknownOption(opt.to_owned())),
+        }
+        Ok(())
+    }
+
+    /// Checks everything that can be checked before mounting, so that a bad configuration
+    /// fails with one clear line and nothing half-started.
+    pub fn validate(&mut self) -> Result<()> {
+        if self.remote.as_os_str().is_empty() {
+            return Err(bad("remote", "no remote directory given"));
+        }
+        if self.local.as_os_str().is_empty() {
+            return Err(bad("local", "no local directory given"));
+        }
+        self.remote = existing_dir("remote directory", &self.remote)?;
+        self.local = existing_dir("local directory", &self.local)?;
+        self.mountpoint = existing_dir("mountpoint", &self.mountpoint)?;
+        for (what, dir) in [
+            ("local directory", &self.local),
+            ("remote directory", &self.remote),
+        ] {
+            if dir.starts_with(&self.mountpoint) || self.mountpoint.starts_with(dir) {
+                return Err(Error::BadPath {
+                    what,
+                    path: dir.clone(),
+                    reason: format!("overlaps the mountpoint {}", self.mountpoint.display()),
+                });
+            }
+        }
+        if self.local.starts_with(&self.remote) || self.remote.starts_with(&self.local) {
+            return Err(Error::BadPath {
+                what: "local directory",
+                path: self.local.clone(),
+                reason: format!("overlaps the remote directory {}", self.remote.display()),
+            });
+        }
+        if is_mountpoint(&self.mountpoint) {
+            return Err(Error::Busy(self.mountpoint.clone()));
+        }
+        if let Err(e) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+        {
+            return Err(Error::NoFuse(e.to_string()));
+        }
+        Ok(())
+    }
+}
+
+fn bad(option: &str, reason: &str) -> Error {
+    Error::BadOption {
+        option: option.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+fn parse_driver(opt: &str, name: &str) -> Result<String> {
+    let ok = name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if ok {
+        Ok(name.to_owned())
+    } else {
+        Err(bad(
+            opt,
+            "a driver name is 1-64 characters of a-z, 0-9, '_' and '-'",
+        ))
+    }
+}
+
+fn parse_secs(opt: &str, value: &str) -> Result<Duration> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 1e7)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| bad(opt, "must be a number of seconds"))
+}
+
+fn existing_dir(what: &'static str, path: &Path) -> Result<PathBuf> {
+    let err = |reason: String| Error::BadPath {
+        what,
+        path: path.to_owned(),
+        reason,
+    };
+    let canonical = std::fs::canonicalize(path).map_err(|e| err(e.to_string()))?;
+    if !canonical.is_dir() {
+        return Err(err("not a directory".into()));
+    }
+    Ok(canonical)
+}
+
+/// Whether `path` (canonical) is the mountpoint of a mounted filesystem.
+pub fn is_mountpoint(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|mp| Path::new(&unescape_mountinfo(mp)) == path)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_into_the_config() {
+        let mut c = MountConfig::default();
+        c.apply_options(
+            "local=/l,allow_other,driver=vfs,link_style=relative,threads=4,ro,nopassthrough",
+        )
+        .unwrap();
+        assert_eq!(c.local, PathBuf::from("/l"));
+        assert!(c.allow_other && c.read_only && !c.passthrough);
+        assert_eq!(c.driver, "vfs");
+        assert_eq!(c.link_style, LinkStyle::Relative);
+        assert_eq!(c.threads, 4);
+    }
+
+    #[test]
+    fn bad_options_name_themselves() {
+        let mut c = MountConfig::default();
+        for (opt, needle) in [
+            ("bogus", "bogus"),
+            ("threads=0", "threads=0"),
+            ("driver=../x", "driver=../x"),
+            ("link_style=sideways", "link_style=sideways"),
+            ("local", "local"),
+            ("allow_other=1", "allow_other=1"),
+            ("entry_timeout=-3", "entry_timeout=-3"),
+        ] {
+            let err = c.apply_options(opt).unwrap_err().to_string();
+            assert!(err.contains(needle), "{opt}: {err}");
+        }
+    }
+
+    #[test]
+    fn empty_items_are_ignored() {
+        let mut c = MountConfig::default();
+        c.apply_options(",allow_root,,").unwrap();
+        assert!(c.allow_root);
+    }
+
+    #[test]
+    fn validation_refuses_missing_and_overlapping_dirs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut c = MountConfig {
+            remote: tmp.path().join("missing"),
+            local: tmp.path().into(),
+            mountpoint: tmp.path().into(),
+            ..MountConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("remote directory"), "{err}");
+
+        std::fs::create_dir(tmp.path().join("r")).unwrap();
+        std::fs::create_dir(tmp.path().join("m")).unwrap();
+        let mut c = MountConfig {
+            remote: tmp.path().join("r"),
+            local: tmp.path().join("m/inside"),
+            mountpoint: tmp.path().join("m"),
+            ..MountConfig::default()
+        };
+        std::fs::create_dir(tmp.path().join("m/inside")).unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("overlaps"), "{err}");
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert!(is_mountpoint(Path::new("/proc")));
+    }
+}

@@ -1,0 +1,35 @@
+//! Errors a user sees before or while mounting. Request-time errors are `Errno`s.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown mount option '{0}'")]
+    UnknownOption(String),
+    #[error("option '{option}': {reason}")]
+    BadOption { option: String, reason: String },
+    #[error("{what} {}: {reason}", path.display())]
+    BadPath {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("mountpoint {} is busy: something is already mounted there", .0.display())]
+    Busy(PathBuf),
+    #[error("/dev/fuse is not usable ({0}); load the fuse module or run where FUSE is allowed")]
+    NoFuse(String),
+    #[error("mounting {}: {source}", path.display())]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("opening {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

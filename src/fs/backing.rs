@@ -1,0 +1,159 @@
+//! Which I/O mode each open inode is in, and its passthrough backing file.
+//!
+//! The kernel allows one backing file per inode at a time and refuses to mix passthrough
+//! opens with page-cached ones on the same inode. So the first open of an inode decides:
+//! passthrough if the kernel offers it and accepts the file, cached otherwise; later opens
+//! of the same file share that mode and backing id. An open that needs another backing file
+//! (the inode was opened read-only on the remote copy, then copied up) goes through the
+//! daemon with direct I/O, which the kernel lets coexist with either mode.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use fuser::BackingId;
+use parking_lot::Mutex;
+use tracing::warn;
+
+use super::handles::IoMode;
+use crate::view::Layer;
+
+enum Slot {
+    Passthrough {
+        id: Arc<BackingId>,
+        layer: Layer,
+        opens: usize,
+    },
+    Cached {
+        opens: usize,
+    },
+}
+
+/// What an open gets.
+pub enum Grant {
+    Passthrough(Arc<BackingId>),
+    Cached,
+    Direct,
+}
+
+impl Grant {
+    pub fn mode(&self) -> IoMode {
+        match self {
+            Grant::Passthrough(_) => IoMode::Passthrough,
+            Grant::Cached => IoMode::Cached,
+            Grant::Direct => IoMode::Direct,
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct BackingTable {
+    slots: Mutex<HashMap<u64, Slot>>,
+}
+
+impl BackingTable {
+    pub fn acquire(
+        &self,
+        ino: u64,
+        layer: Layer,
+        passthrough: bool,
+        open_backing: impl FnOnce() -> std::io::Result<BackingId>,
+    ) -> Grant {
+        let mut slots = self.slots.lock();
+        match slots.get_mut(&ino) {
+            Some(Slot::Passthrough {
+                id,
+                layer: l,
+                opens,
+            }) if *l == layer => {
+                *opens += 1;
+                Grant::Passthrough(id.clone())
+            }
+            Some(Slot::Passthrough { .. }) => Grant::Direct,
+            Some(Slot::Cached { opens }) => {
+                *opens += 1;
+                Grant::Cached
+            }
+            None if passthrough => match open_backing() {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    slots.insert(
+                        ino,
+                        Slot::Passthrough {
+                            id: id.clone(),
+                            layer,
+                            opens: 1,
+                        },
+                    );
+                    Grant::Passthrough(id)
+                }
+                Err(e) => {
+                    warn!(ino, error = %e, "passthrough refused for this file, serving it through the daemon");
+                    slots.insert(ino, Slot::Cached { opens: 1 });
+                    Grant::Cached
+                }
+            },
+            None => {
+                slots.insert(ino, Slot::Cached { opens: 1 });
+                Grant::Cached
+            }
+        }
+    }
+
+    pub fn release(&self, ino: u64, mode: IoMode) {
+        if mode == IoMode::Direct {
+            return;
+        }
+        let mut slots = self.slots.lock();
+        let done = match slots.get_mut(&ino) {
+            Some(Slot::Passthrough { opens, .. }) | Some(Slot::Cached { opens }) => {
+                *opens = opens.saturating_sub(1);
+                *opens == 0
+            }
+            None => false,
+        };
+        if done {
+            slots.remove(&ino);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> std::io::Result<BackingId> {
+        Err(std::io::Error::from_raw_os_error(libc::EPERM))
+    }
+
+    #[test]
+    fn without_passthrough_every_open_is_cached_and_counted() {
+        let t = BackingTable::default();
+        assert!(matches!(
+            t.acquire(5, Layer::Local, false, refused),
+            Grant::Cached
+        ));
+        assert!(matches!(
+            t.acquire(5, Layer::Local, true, || panic!("mode is decided")),
+            Grant::Cached
+        ));
+        t.release(5, IoMode::Cached);
+        t.release(5, IoMode::Cached);
+        assert!(t.slots.lock().is_empty());
+    }
+
+    #[test]
+    fn a_refused_backing_file_falls_back_to_cached() {
+        let t = BackingTable::default();
+        assert!(matches!(
+            t.acquire(9, Layer::Remote, true, refused),
+            Grant::Cached
+        ));
+    }
+
+    #[test]
+    fn direct_opens_do_not_touch_the_count() {
+        let t = BackingTable::default();
+        t.release(1, IoMode::Direct);
+        assert!(t.slots.lock().is_empty());
+    }
+}

@@ -1,0 +1,149 @@
+//! Open files and directories, by the handle number the kernel passes back.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::view::listing::ListEntry;
+use crate::view::Layer;
+
+/// How the kernel does I/O on an open file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoMode {
+    /// Reads and writes go straight to the backing file in the kernel (FUSE passthrough).
+    Passthrough,
+    /// Through the daemon, with the kernel's page cache.
+    Cached,
+    /// Through the daemon, bypassing the page cache: used when the inode is already in
+    /// passthrough mode on another backing file (a read-only open from before a copy-up).
+    Direct,
+}
+
+#[derive(Debug)]
+pub struct FileHandle {
+    pub ino: u64,
+    pub fd: OwnedFd,
+    pub layer: Layer,
+    pub mode: IoMode,
+}
+
+#[derive(Debug)]
+pub struct DirHandle {
+    pub ino: u64,
+    /// The listing taken at `opendir` (and again on a rewind), so offsets stay valid while
+    /// the directory changes.
+    pub entries: Mutex<Arc<Vec<ListEntry>>>,
+}
+
+#[derive(Debug)]
+pub enum Handle {
+    File(FileHandle),
+    Dir(DirHandle),
+}
+
+#[derive(Debug)]
+pub struct HandleTable {
+    next: AtomicU64,
+    open: RwLock<HashMap<u64, Arc<Handle>>>,
+}
+
+impl Default for HandleTable {
+    fn default() -> Self {
+        HandleTable {
+            next: AtomicU64::new(1),
+            open: RwLock::new(HashMap::new()),
+        }
+    }
+}
+
+impl HandleTable {
+    pub fn new() -> HandleTable {
+        HandleTable::default()
+    }
+
+    pub fn insert(&self, handle: Handle) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        self.open.write().insert(fh, Arc::new(handle));
+        fh
+    }
+
+    pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.open.read().get(&fh).cloned()
+    }
+
+    pub fn file(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.get(fh).filter(|h| matches!(**h, Handle::File(_)))
+    }
+
+    pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.open.write().remove(&fh)
+    }
+
+    pub fn len(&self) -> usize {
+        self.open.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Handle {
+    pub fn as_file(&self) -> Option<&FileHandle> {
+        match self {
+            Handle::File(f) => Some(f),
+            Handle::Dir(_) => None,
+        }
+    }
+
+    pub fn as_dir(&self) -> Option<&DirHandle> {
+        match self {
+            Handle::Dir(d) => Some(d),
+            Handle::File(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(ino: u64) -> Handle {
+        Handle::Dir(DirHandle {
+            ino,
+            entries: Mutex::new(Arc::new(Vec::new())),
+        })
+    }
+
+    #[test]
+    fn handles_are_unique_and_removed_once() {
+        let t = HandleTable::new();
+        let a = t.insert(dir(1));
+        let b = t.insert(dir(1));
+        assert_ne!(a, b);
+        assert_eq!(t.len(), 2);
+        assert!(t.remove(a).is_some());
+        assert!(t.remove(a).is_none());
+        assert!(t.get(b).is_some());
+    }
+
+    #[test]
+    fn a_directory_handle_is_not_a_file() {
+        let t = HandleTable::new();
+        let d = t.insert(dir(3));
+        assert!(t.file(d).is_none());
+        assert_eq!(t.get(d).and_then(|h| h.as_dir().map(|d| d.ino)), Some(3));
+    }
+
+    #[test]
+    fn a_handle_outlives_its_removal_while_in_use() {
+        let t = HandleTable::new();
+        let d = t.insert(dir(9));
+        let held = t.get(d).unwrap();
+        t.remove(d);
+        assert_eq!(held.as_dir().unwrap().ino, 9);
+    }
+}

@@ -1,0 +1,746 @@
+//! The FUSE glue: each request becomes one call on the [`View`], each `Errno` a reply.
+//!
+//! Caching is deliberate. Every change to local goes through this daemon, and the kernel
+//! updates its own caches for the changes it asks for; the remote is read-only between
+//! refreshes, and a refresh invalidates exactly what it changes. So entries and attributes
+//! are cached for long (`Timeouts`), file data is kept across opens (`FOPEN_KEEP_CACHE`) or
+//! not touched by the daemon at all (passthrough), and symlink targets are cached.
+
+pub mod attr;
+pub mod backing;
+pub mod handles;
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use nix::errno::Errno;
+use parking_lot::Mutex;
+use tracing::{debug, info};
+
+use crate::view::attrs::{SetAttr, Time};
+use crate::view::{Caller, Entry, View};
+use attr::{file_attr, file_type};
+use backing::{BackingTable, Grant};
+use handles::{DirHandle, FileHandle as OpenFile, Handle, HandleTable};
+
+/// How long the kernel may trust what it was told.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub entry: Duration,
+    pub attr: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        // Safe to make long: see the module documentation.
+        Timeouts {
+            entry: Duration::from_secs(3600),
+            attr: Duration::from_secs(3600),
+        }
+    }
+}
+
+pub struct LayerFs {
+    view: Arc<View>,
+    handles: HandleTable,
+    backing: BackingTable,
+    timeouts: Timeouts,
+    want_passthrough: bool,
+    passthrough: AtomicBool,
+}
+
+impl LayerFs {
+    pub fn new(view: Arc<View>, timeouts: Timeouts, passthrough: bool) -> LayerFs {
+        LayerFs {
+            view,
+            handles: HandleTable::new(),
+            backing: BackingTable::default(),
+            timeouts,
+            want_passthrough: passthrough,
+            passthrough: AtomicBool::new(false),
+        }
+    }
+
+    pub fn view(&self) -> &Arc<View> {
+        &self.view
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, entry: &Entry) {
+        reply.entry_with_ttls(
+            &self.timeouts.attr,
+            &self.timeouts.entry,
+            &file_attr(&entry.stat),
+            Generation(0),
+        );
+    }
+
+    fn file(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
+        self.handles.file(fh.0).ok_or(Errno::EBADF)
+    }
+
+    fn grant(
+        &self,
+        ino: u64,
+        fd: &std::os::fd::OwnedFd,
+        layer: crate::view::Layer,
+        open: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<fuser::BackingId>,
+    ) -> Grant {
+        self.backing
+            .acquire(ino, layer, self.passthrough.load(Ordering::Relaxed), || {
+                open(fd)
+            })
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn errno(e: Errno) -> fuser::Errno {
+    match e {
+        Errno::ENOENT | Errno::EEXIST | Errno::ENOTEMPTY | Errno::ENODATA | Errno::EXDEV => {}
+        other => debug!(error = %other, "request failed"),
+    }
+    fuser::Errno::from_i32(e as i32)
+}
+
+fn open_flags(grant: &Grant) -> FopenFlags {
+    match grant {
+        Grant::Passthrough(_) => FopenFlags::empty(),
+        Grant::Cached => FopenFlags::FOPEN_KEEP_CACHE,
+        Grant::Direct => FopenFlags::FOPEN_DIRECT_IO,
+    }
+}
+
+fn time(t: TimeOrNow) -> Time {
+    match t {
+        TimeOrNow::Now => Time::Now,
+        TimeOrNow::SpecificTime(t) => Time::At(t),
+    }
+}
+
+macro_rules! tri {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return $reply.error(errno(e)),
+        }
+    };
+}
+
+impl Filesystem for LayerFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let offered = config.capabilities();
+        let wanted = [
+            // Lookups and readdirs of one directory may run in parallel: the view is
+            // thread-safe and the kernel still serializes changes to a directory.
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            // A symlink's target never changes: cache it.
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            // O_TRUNC arrives with the open, so a truncating open copies up no data.
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            // Direct-I/O opens (see backing.rs) can still be mmapped.
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+        ];
+        for flag in wanted {
+            if offered.contains(flag) {
+                let _ = config.add_capabilities(flag);
+            }
+        }
+        if self.want_passthrough && offered.contains(InitFlags::FUSE_PASSTHROUGH) {
+            // Depth 1 leaves room for overlayfs on top of the view (the container rootfs
+            // iSulad mounts from `<driver>/l/` links).
+            if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok()
+            {
+                self.passthrough.store(true, Ordering::Relaxed);
+            }
+        }
+        info!(
+            passthrough = self.passthrough.load(Ordering::Relaxed),
+            "FUSE session initialized"
+        );
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let entry = tri!(reply, self.view.lookup(parent.0, name));
+        self.reply_entry(reply, &entry);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.view.inodes.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let node = tri!(reply, self.view.node(ino.0));
+        let handle = fh.and_then(|fh| self.handles.file(fh.0));
+        let open = handle
+            .as_ref()
+            .and_then(|h| h.as_file())
+            .map(|f| f.fd.as_fd());
+        let st = tri!(reply, self.view.getattr(&node, open));
+        reply.attr(&self.timeouts.attr, &file_attr(&st));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let node = tri!(reply, self.view.node(ino.0));
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+        };
+        let handle = fh.and_then(|fh| self.handles.file(fh.0));
+        let open = handle
+            .as_ref()
+            .and_then(|h| h.as_file())
+            .filter(|f| f.layer == crate::view::Layer::Local)
+            .map(|f| f.fd.as_fd());
+        let st = tri!(reply, self.view.setattr(&node, &set, open));
+        reply.attr(&self.timeouts.attr, &file_attr(&st));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let node = tri!(reply, self.view.node(ino.0));
+        let target = tri!(reply, self.view.readlink(&node));
+        reply.data(&target);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let entry = tri!(
+            reply,
+            self.view.mknod(parent.0, name, mode, rdev, caller(req))
+        );
+        self.reply_entry(reply, &entry);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let entry = tri!(reply, self.view.mkdir(parent.0, name, mode, caller(req)));
+        self.reply_entry(reply, &entry);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        tri!(reply, self.view.unlink(parent.0, name));
+        reply.ok();
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        tri!(reply, self.view.rmdir(parent.0, name));
+        reply.ok();
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let entry = tri!(
+            reply,
+            self.view
+                .symlink(parent.0, link_name, target.as_os_str(), caller(req))
+        );
+        self.reply_entry(reply, &entry);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        tri!(
+            reply,
+            self.view
+                .rename(parent.0, name, newparent.0, newname, flags.bits())
+        );
+        reply.ok();
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let entry = tri!(reply, self.view.link(ino.0, newparent.0, newname));
+        self.reply_entry(reply, &entry);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let node = tri!(reply, self.view.node(ino.0));
+        let (fd, layer) = tri!(reply, self.view.open(&node, flags.0));
+        let grant = self.grant(ino.0, &fd, layer, |fd| reply.open_backing(fd));
+        let fopen = open_flags(&grant);
+        let fh = self.handles.insert(Handle::File(OpenFile {
+            ino: ino.0,
+            fd,
+            layer,
+            mode: grant.mode(),
+        }));
+        match &grant {
+            Grant::Passthrough(id) => reply.opened_passthrough(FileHandle(fh), fopen, id),
+            _ => reply.opened(FileHandle(fh), fopen),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match nix::sys::uio::pread(
+                file.fd.as_fd(),
+                &mut buf[done..],
+                (offset as usize + done) as libc::off_t,
+            ) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
+        reply.data(&buf[..done]);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let mut done = 0;
+        while done < data.len() {
+            match nix::sys::uio::pwrite(
+                file.fd.as_fd(),
+                &data[done..],
+                (offset as usize + done) as libc::off_t,
+            ) {
+                Ok(n) => done += n,
+                Err(Errno::EINTR) => continue,
+                Err(e) if done == 0 => return reply.error(errno(e)),
+                Err(_) => break,
+            }
+        }
+        reply.written(done as u32);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let Some(handle) = self.handles.remove(fh.0) {
+            if let Some(file) = handle.as_file() {
+                self.backing.release(file.ino, file.mode);
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let res = if datasync {
+            nix::unistd::fdatasync(file.fd.as_fd())
+        } else {
+            nix::unistd::fsync(file.fd.as_fd())
+        };
+        tri!(reply, res);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let node = tri!(reply, self.view.node(ino.0));
+        if !node.is_dir() {
+            return reply.error(fuser::Errno::ENOTDIR);
+        }
+        let fh = self.handles.insert(Handle::Dir(DirHandle {
+            ino: ino.0,
+            entries: Mutex::new(Arc::new(Vec::new())),
+        }));
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(handle) = self.handles.get(fh.0) else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let Some(dir) = handle.as_dir() else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        // Offset 0 is an opendir or a rewind: take a fresh listing.
+        let entries = if offset == 0 {
+            let node = tri!(reply, self.view.node(ino.0));
+            let listing = Arc::new(tri!(reply, self.view.list(&node)));
+            *dir.entries.lock() = listing.clone();
+            listing
+        } else {
+            dir.entries.lock().clone()
+        };
+        let parent = self
+            .view
+            .node(ino.0)
+            .ok()
+            .and_then(|n| n.primary())
+            .map_or(ino.0, |(p, _)| p.ino);
+        // Offsets: 1 is after ".", 2 after "..", 3 + i after entries[i].
+        let dots = [(".", ino.0), ("..", parent)];
+        for (i, (name, dot_ino)) in dots.iter().enumerate().skip(offset as usize) {
+            if reply.add(
+                INodeNo(*dot_ino),
+                i as u64 + 1,
+                fuser::FileType::Directory,
+                name,
+            ) {
+                return reply.ok();
+            }
+        }
+        let skip = (offset as usize).saturating_sub(2);
+        for (i, e) in entries.iter().enumerate().skip(skip) {
+            if reply.add(INodeNo(e.ino), (i + 3) as u64, file_type(e.kind), &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.remove(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let node = tri!(reply, self.view.node(ino.0));
+        if let Some(local) = node.dir_fds().local {
+            let dir = tri!(
+                reply,
+                crate::store::reopen(
+                    local.as_fd(),
+                    nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY
+                )
+            );
+            let res = if datasync {
+                nix::unistd::fdatasync(dir.as_fd())
+            } else {
+                nix::unistd::fsync(dir.as_fd())
+            };
+            tri!(reply, res);
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = tri!(reply, self.view.statfs());
+        reply.statfs(
+            s.blocks(),
+            s.blocks_free(),
+            s.blocks_available(),
+            s.files(),
+            s.files_free(),
+            s.block_size() as u32,
+            s.name_max() as u32,
+            s.fragment_size() as u32,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let node = tri!(reply, self.view.node(ino.0));
+        tri!(reply, self.view.setxattr(&node, name, value, flags));
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let node = tri!(reply, self.view.node(ino.0));
+        let value = tri!(reply, self.view.getxattr(&node, name));
+        reply_sized(reply, &value, size);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let node = tri!(reply, self.view.node(ino.0));
+        let names = tri!(reply, self.view.listxattr(&node));
+        reply_sized(reply, &names, size);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let node = tri!(reply, self.view.node(ino.0));
+        tri!(reply, self.view.removexattr(&node, name));
+        reply.ok();
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // default_permissions: the kernel checks permissions itself.
+        tri!(reply, self.view.node(ino.0));
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (entry, fd) = tri!(
+            reply,
+            self.view.create(parent.0, name, mode, flags, caller(req))
+        );
+        let ino = entry.node.ino;
+        let layer = crate::view::Layer::Local;
+        let grant = self.grant(ino, &fd, layer, |fd| reply.open_backing(fd));
+        let fopen = open_flags(&grant);
+        let fh = self.handles.insert(Handle::File(OpenFile {
+            ino,
+            fd,
+            layer,
+            mode: grant.mode(),
+        }));
+        let attr = file_attr(&entry.stat);
+        match &grant {
+            Grant::Passthrough(id) => reply.created_passthrough(
+                &self.timeouts.attr,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                fopen,
+                id,
+            ),
+            _ => reply.created(
+                &self.timeouts.attr,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                fopen,
+            ),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let res = unsafe {
+            libc::fallocate(
+                file.fd.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                length as libc::off_t,
+            )
+        };
+        tri!(reply, Errno::result(res));
+        reply.ok();
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let res = unsafe { libc::lseek(file.fd.as_raw_fd(), offset as libc::off_t, whence) };
+        let pos = tri!(reply, Errno::result(res));
+        reply.offset(pos);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let (src, dst) = (
+            tri!(reply, self.file(fh_in)),
+            tri!(reply, self.file(fh_out)),
+        );
+        let (Some(src), Some(dst)) = (src.as_file(), dst.as_file()) else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let mut off_in = offset_in as libc::loff_t;
+        let mut off_out = offset_out as libc::loff_t;
+        let n = unsafe {
+            libc::copy_file_range(
+                src.fd.as_raw_fd(),
+                &mut off_in,
+                dst.fd.as_raw_fd(),
+                &mut off_out,
+                len.min(1 << 30) as usize,
+                0,
+            )
+        };
+        let n = tri!(reply, Errno::result(n));
+        reply.written(n as u32);
+    }
+}
+
+fn reply_sized(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if (size as usize) < value.len() {
+        reply.error(fuser::Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(value);
+    }
+}

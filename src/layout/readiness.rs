@@ -1,0 +1,409 @@
+//! The cross-object rules: joining a layer's two directories, walking parent chains, and
+//! tying images to their top layer.
+//!
+//! A layer is ready when both of its directories passed their own checks, they agree with each
+//! other, and its parent is ready. The walk up a chain is iterative and memoized, so a long or
+//! hostile chain costs linear time and no stack, and a cycle is detected rather than followed.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use super::scan::{Area, Facts, ImageFacts, LayerFacts, OverlayFacts, Probed};
+use super::{Image, Layer, LayoutIndex, NotReady, ObjectKind, Ready, MAX_LOWER_DEPTH};
+
+/// A layer whose own directories are fine; whether its chain is remains to be seen.
+struct Candidate {
+    overlay: OverlayFacts,
+    meta: LayerFacts,
+}
+
+/// The outcome for one layer.
+#[derive(Debug, Clone)]
+enum Verdict {
+    /// `depth` counts ancestors, which is also the number of `lower` entries.
+    Ready { depth: usize },
+    NotReady {
+        reason: String,
+        /// The layer whose own problem sank this one, and that problem: what a child names
+        /// in its own reason so an operator goes straight to the broken layer.
+        root: String,
+        root_reason: String,
+    },
+}
+
+impl Verdict {
+    fn own_failure(id: &str, reason: String) -> Verdict {
+        Verdict::NotReady {
+            root: id.to_owned(),
+            root_reason: reason.clone(),
+            reason,
+        }
+    }
+
+    /// Stands for a layer that is referenced but present in neither area.
+    fn missing(id: &str) -> Verdict {
+        Verdict::own_failure(id, "missing".to_owned())
+    }
+
+    /// The verdict of an object that needs the layer `id` (its `relation`: "parent", "top
+    /// layer"), when that layer has this verdict; `None` when the layer is ready.
+    fn for_dependent(&self, relation: &str, id: &str) -> Option<Verdict> {
+        let Verdict::NotReady {
+            root, root_reason, ..
+        } = self
+        else {
+            return None;
+        };
+        let cause = if root == id {
+            root_reason.clone()
+        } else {
+            format!("ancestor {root}: {root_reason}")
+        };
+        Some(Verdict::NotReady {
+            reason: format!("{relation} {id}: not ready ({cause})"),
+            root: root.clone(),
+            root_reason: root_reason.clone(),
+        })
+    }
+
+    fn reason(&self) -> Option<&str> {
+        match self {
+            Verdict::Ready { .. } => None,
+            Verdict::NotReady { reason, .. } => Some(reason),
+        }
+    }
+}
+
+/// Turns the scanned facts into the index of ready objects.
+pub(crate) fn resolve(facts: Facts, driver: &str) -> LayoutIndex {
+    let mut not_ready = Vec::new();
+    area_problem(&facts.overlay, ObjectKind::Layer, &mut not_ready);
+    area_problem(&facts.layers, ObjectKind::Layer, &mut not_ready);
+    area_problem(&facts.images, ObjectKind::Image, &mut not_ready);
+
+    let candidates = join_layer_areas(facts.overlay, facts.layers);
+    let candidates = reject_shared_shorts(candidates);
+    let verdicts = judge_chains(&candidates);
+
+    let mut index = LayoutIndex {
+        driver: driver.to_owned(),
+        ..LayoutIndex::default()
+    };
+    add_layers(&mut index, candidates, &verdicts, &mut not_ready);
+    add_images(&mut index, facts.images, &verdicts, &mut not_ready);
+    not_ready.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
+    index.not_ready = not_ready;
+    index
+}
+
+fn add_layers(
+    index: &mut LayoutIndex,
+    candidates: BTreeMap<String, Probed<Candidate>>,
+    verdicts: &BTreeMap<String, Verdict>,
+    not_ready: &mut Vec<NotReady>,
+) {
+    for (id, candidate) in candidates {
+        match (verdicts.get(&id), candidate) {
+            (Some(Verdict::Ready { .. }), Ok(c)) => {
+                index.by_short.insert(c.overlay.short.clone(), id.clone());
+                index.layers.insert(id.clone(), ready_layer(id, c));
+            }
+            (verdict, _) => not_ready.push(NotReady {
+                kind: ObjectKind::Layer,
+                // Every candidate has a verdict, and a failed one is never `Ready`.
+                reason: verdict
+                    .and_then(Verdict::reason)
+                    .unwrap_or("internal inconsistency in the readiness check")
+                    .to_owned(),
+                name: id,
+            }),
+        }
+    }
+}
+
+fn ready_layer(id: String, c: Candidate) -> Ready<Layer> {
+    let mut fingerprint = c.overlay.fingerprint;
+    fingerprint.extend(c.meta.fingerprint);
+    let value = Layer {
+        id,
+        short: c.overlay.short,
+        parent: c.meta.parent,
+        mtime: c.overlay.mtime,
+    };
+    Ready { value, fingerprint }
+}
+
+fn add_images(
+    index: &mut LayoutIndex,
+    images: Area<ImageFacts>,
+    verdicts: &BTreeMap<String, Verdict>,
+    not_ready: &mut Vec<NotReady>,
+) {
+    for (id, probed) in images.objects {
+        match judge_image(&id, probed, verdicts) {
+            Ok(ready) => {
+                index.images.insert(id, ready);
+            }
+            Err(reason) => not_ready.push(NotReady {
+                kind: ObjectKind::Image,
+                name: id,
+                reason,
+            }),
+        }
+    }
+}
+
+fn area_problem<T>(area: &Area<T>, kind: ObjectKind, not_ready: &mut Vec<NotReady>) {
+    if let Some(problem) = &area.problem {
+        not_ready.push(NotReady {
+            kind,
+            name: area.path.clone(),
+            reason: problem.clone(),
+        });
+    }
+}
+
+/// Pairs each layer's `<driver>/RO/<id>` facts with its `<driver>-layers/RO/<id>` facts.
+/// Every id seen in either area gets an entry, so a half-created layer is reported, not
+/// silently dropped.
+fn join_layer_areas(
+    overlay: Area<OverlayFacts>,
+    layers: Area<LayerFacts>,
+) -> BTreeMap<String, Probed<Candidate>> {
+    let mut overlay_objects = overlay.objects;
+    let mut meta_objects = layers.objects;
+    let ids: BTreeSet<String> = overlay_objects
+        .keys()
+        .chain(meta_objects.keys())
+        .cloned()
+        .collect();
+    ids.into_iter()
+        .map(|id| {
+            let overlay = overlay_objects
+                .remove(&id)
+                .unwrap_or_else(|| Err(format!("{}/{id}: missing", overlay.path)));
+            let meta = meta_objects
+                .remove(&id)
+                .unwrap_or_else(|| Err(format!("{}/{id}: missing", layers.path)));
+            let candidate = match (overlay, meta) {
+                (Ok(overlay), Ok(meta)) => agree(overlay, meta),
+                (Err(a), Err(b)) => Err(format!("{a}; {b}")),
+                (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+            };
+            (id, candidate)
+        })
+        .collect()
+}
+
+/// The overlay dir must stack a lower chain exactly when the metadata names a parent.
+fn agree(overlay: OverlayFacts, meta: LayerFacts) -> Probed<Candidate> {
+    match (&meta.parent, &overlay.lower) {
+        (Some(parent), None) => Err(format!(
+            "lower: missing although layer.json names parent {parent}"
+        )),
+        (None, Some(_)) => Err("lower: present although layer.json names no parent".to_owned()),
+        _ => Ok(Candidate { overlay, meta }),
+    }
+}
+
+/// Two layers claiming the same short id would make `l/<short>` ambiguous: neither is ready.
+fn reject_shared_shorts(
+    candidates: BTreeMap<String, Probed<Candidate>>,
+) -> BTreeMap<String, Probed<Candidate>> {
+    let mut owners: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (id, candidate) in &candidates {
+        if let Ok(c) = candidate {
+            owners
+                .entry(c.overlay.short.clone())
+                .or_default()
+                .push(id.clone());
+        }
+    }
+    candidates
+        .into_iter()
+        .map(|(id, candidate)| {
+            let candidate = candidate.and_then(|c| {
+                let others: Vec<&str> = owners[&c.overlay.short]
+                    .iter()
+                    .filter(|other| **other != id)
+                    .map(String::as_str)
+                    .collect();
+                if others.is_empty() {
+                    Ok(c)
+                } else {
+                    Err(format!(
+                        "link: short id {} also used by {}",
+                        c.overlay.short,
+                        others.join(", ")
+                    ))
+                }
+            });
+            (id, candidate)
+        })
+        .collect()
+}
+
+/// Decides every layer, walking each chain upwards only as far as the first layer already
+/// decided.
+fn judge_chains(candidates: &BTreeMap<String, Probed<Candidate>>) -> BTreeMap<String, Verdict> {
+    let mut verdicts = BTreeMap::new();
+    for id in candidates.keys() {
+        if !verdicts.contains_key(id) {
+            judge_chain(id, candidates, &mut verdicts);
+        }
+    }
+    verdicts
+}
+
+/// Walks from `start` towards its base until reaching a layer that is decided or decidable on
+/// its own (missing, failing its own checks, a base layer, or closing a cycle); then decides
+/// the walked path from that end back down to `start`.
+fn judge_chain(
+    start: &str,
+    candidates: &BTreeMap<String, Probed<Candidate>>,
+    verdicts: &mut BTreeMap<String, Verdict>,
+) {
+    // Undecided layers, each the child of the next; the last one's parent is `current`.
+    let mut path: Vec<&str> = Vec::new();
+    let mut on_path: HashSet<&str> = HashSet::new();
+    let mut current = start;
+    let end = loop {
+        if let Some(verdict) = verdicts.get(current) {
+            break verdict.clone();
+        }
+        let Some(candidate) = candidates.get(current) else {
+            break Verdict::missing(current);
+        };
+        if on_path.contains(current) {
+            let at = path.iter().position(|id| *id == current).unwrap_or(0);
+            for id in path.drain(at..) {
+                let reason = format!("parent chain loops back to {current}");
+                verdicts.insert(id.to_owned(), Verdict::own_failure(id, reason));
+            }
+            break verdicts
+                .get(current)
+                .cloned()
+                .unwrap_or_else(|| Verdict::missing(current));
+        }
+        let verdict = match candidate {
+            Err(reason) => Verdict::own_failure(current, reason.clone()),
+            Ok(c) => match &c.meta.parent {
+                // `agree` made sure a base layer has no `lower`.
+                None => Verdict::Ready { depth: 0 },
+                Some(parent) => {
+                    path.push(current);
+                    on_path.insert(current);
+                    current = parent;
+                    continue;
+                }
+            },
+        };
+        verdicts.insert(current.to_owned(), verdict.clone());
+        break verdict;
+    };
+
+    let mut parent_id = current;
+    let mut parent_verdict = end;
+    for &id in path.iter().rev() {
+        let verdict = match candidates.get(id) {
+            Some(Ok(c)) => judge_link(id, c, parent_id, &parent_verdict, candidates),
+            _ => Verdict::own_failure(id, "internal inconsistency in the chain walk".to_owned()),
+        };
+        verdicts.insert(id.to_owned(), verdict.clone());
+        parent_id = id;
+        parent_verdict = verdict;
+    }
+}
+
+/// Decides a layer whose own checks passed, given its parent's verdict.
+fn judge_link(
+    id: &str,
+    candidate: &Candidate,
+    parent_id: &str,
+    parent_verdict: &Verdict,
+    candidates: &BTreeMap<String, Probed<Candidate>>,
+) -> Verdict {
+    let depth = match parent_verdict {
+        Verdict::Ready { depth } => depth + 1,
+        not_ready => {
+            return not_ready
+                .for_dependent("parent", parent_id)
+                .unwrap_or_else(|| Verdict::missing(parent_id))
+        }
+    };
+    if depth > MAX_LOWER_DEPTH {
+        return Verdict::own_failure(
+            id,
+            format!("parent chain deeper than {MAX_LOWER_DEPTH} layers"),
+        );
+    }
+    let parent = match candidates.get(parent_id) {
+        Some(Ok(parent)) => parent,
+        _ => return Verdict::missing(parent_id),
+    };
+    match check_lower(candidate, parent) {
+        Ok(()) => Verdict::Ready { depth },
+        Err(reason) => Verdict::own_failure(id, reason),
+    }
+}
+
+/// `lower` must be exactly what the writer derives from the chain: the parent's short id,
+/// then the parent's own `lower`. Anything else would make a mount stack layers that the
+/// metadata does not describe, so it is stricter than "every entry resolves".
+fn check_lower(child: &Candidate, parent: &Candidate) -> Result<(), String> {
+    let lower = child.overlay.lower.as_deref().unwrap_or_default();
+    let expected =
+        std::iter::once(&parent.overlay.short).chain(parent.overlay.lower.iter().flatten());
+    let mut expected = expected.peekable();
+    for (i, short) in lower.iter().enumerate() {
+        match expected.next() {
+            Some(want) if want == short => {}
+            Some(want) if i == 0 => {
+                return Err(format!(
+                    "lower: first entry l/{short} is not the parent's short id {want}"
+                ))
+            }
+            Some(want) => {
+                return Err(format!(
+                    "lower: entry {} is l/{short}, expected l/{want} from the parent chain",
+                    i + 1
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "lower: entry {} (l/{short}) is beyond the parent chain",
+                    i + 1
+                ))
+            }
+        }
+    }
+    match expected.peek() {
+        Some(want) => Err(format!(
+            "lower: ends before the parent chain does (l/{want} missing)"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Decides an image from its own facts and its top layer's verdict.
+fn judge_image(
+    id: &str,
+    probed: Probed<ImageFacts>,
+    verdicts: &BTreeMap<String, Verdict>,
+) -> Result<Ready<Image>, String> {
+    let facts = probed?;
+    let missing = Verdict::missing(&facts.top_layer);
+    let verdict = verdicts.get(&facts.top_layer).unwrap_or(&missing);
+    if let Some(dependent) = verdict.for_dependent("top layer", &facts.top_layer) {
+        return Err(dependent.reason().unwrap_or_default().to_owned());
+    }
+    let image = Image {
+        id: id.to_owned(),
+        top_layer: facts.top_layer,
+        names: facts.names,
+        mtime: facts.mtime,
+    };
+    Ok(Ready {
+        value: image,
+        fingerprint: facts.fingerprint,
+    })
+}

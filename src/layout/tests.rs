@@ -1,0 +1,843 @@
+//! Scans of small remote trees built in temporary directories.
+//!
+//! Negative tests start from the standard tree (base ← middle ← top layer, one image on top),
+//! check that it is fully ready, break exactly one thing and check the verdict: so each of
+//! them fails if the rule it covers stops being enforced.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::symlink;
+use std::path::PathBuf;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use tempfile::TempDir;
+
+use super::*;
+
+const BASE: u8 = 1;
+const MIDDLE: u8 = 2;
+const TOP: u8 = 3;
+const IMAGE: u8 = 0xa1;
+
+/// A 64-hex id made of one repeated byte, so tests can name objects by a number.
+fn id(n: u8) -> String {
+    format!("{n:02x}").repeat(32)
+}
+
+/// A 26-hex short id in iSulad's style.
+fn short(n: u8) -> String {
+    format!("{n:02x}").repeat(13)
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// A remote root under construction.
+struct Tree {
+    tmp: TempDir,
+}
+
+impl Tree {
+    fn new() -> Tree {
+        Tree {
+            tmp: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The standard tree: three chained layers and an image on the top one.
+    fn standard() -> Tree {
+        let tree = Tree::new();
+        tree.layer(BASE, None);
+        tree.layer(MIDDLE, Some(BASE));
+        tree.layer(TOP, Some(MIDDLE));
+        tree.image(IMAGE, TOP);
+        tree
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    fn write(&self, rel: &str, bytes: impl AsRef<[u8]>) {
+        let path = self.path(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, bytes).unwrap();
+    }
+
+    fn read(&self, rel: &str) -> String {
+        fs::read_to_string(self.path(rel)).unwrap()
+    }
+
+    fn remove(&self, rel: &str) {
+        let path = self.path(rel);
+        if path.is_dir() {
+            fs::remove_dir_all(path).unwrap();
+        } else {
+            fs::remove_file(path).unwrap();
+        }
+    }
+
+    /// Replaces `rel` by a symlink to a copy of it elsewhere, so only the link is wrong.
+    fn symlink_instead(&self, rel: &str) {
+        let outside = self.path(&format!("outside-{}", rel.replace('/', "_")));
+        fs::rename(self.path(rel), &outside).unwrap();
+        symlink(&outside, self.path(rel)).unwrap();
+    }
+
+    /// A well-formed layer `n` (both directories, tar-split included); its `lower` extends the
+    /// parent's as a writer would, so parents must be added first.
+    fn layer(&self, n: u8, parent: Option<u8>) {
+        self.layer_with_short(n, parent, &short(n));
+    }
+
+    fn layer_with_short(&self, n: u8, parent: Option<u8>, link: &str) {
+        let (id, overlay) = (id(n), format!("overlay/RO/{}", id(n)));
+        fs::create_dir_all(self.path(&format!("{overlay}/diff"))).unwrap();
+        self.write(&format!("{overlay}/link"), link);
+        if let Some(p) = parent {
+            let parent_dir = format!("overlay/RO/{}", self::id(p));
+            let mut lower = format!("l/{}", self.read(&format!("{parent_dir}/link")));
+            if let Ok(rest) = fs::read_to_string(self.path(&format!("{parent_dir}/lower"))) {
+                lower = format!("{lower}:{rest}");
+            }
+            self.write(&format!("{overlay}/lower"), lower);
+        }
+        let parent_field = parent.map(|p| format!(r#","parent":"{}""#, self::id(p)));
+        let json = format!(
+            r#"{{"id":"{id}"{},"diff-digest":"sha256:{id}","incompelte":false}}"#,
+            parent_field.unwrap_or_default()
+        );
+        let meta = format!("overlay-layers/RO/{id}");
+        self.write(&format!("{meta}/layer.json"), json);
+        let tar_split = gzip(br#"{"type":1,"name":"hello","size":13,"payload":"kGuXHeJgaa0="}"#);
+        self.write(&format!("{meta}/{id}.tar-split.gz"), tar_split);
+    }
+
+    /// A well-formed image `n` whose top layer is `top`.
+    fn image(&self, n: u8, top: u8) {
+        let dir = format!("overlay-images/{}", id(n));
+        let json = format!(
+            r#"{{"id":"{}","names":["busybox:latest"],"layer":"{}","size":42}}"#,
+            id(n),
+            id(top)
+        );
+        self.write(&format!("{dir}/images.json"), json);
+        self.write(&format!("{dir}/manifest"), r#"{"schemaVersion":2}"#);
+        self.write(&config_path(n), r#"{"architecture":"amd64"}"#);
+    }
+
+    fn scan(&self) -> LayoutIndex {
+        LayoutIndex::scan(self.tmp.path(), "overlay")
+    }
+}
+
+fn overlay(n: u8) -> String {
+    format!("overlay/RO/{}", id(n))
+}
+
+fn meta(n: u8) -> String {
+    format!("overlay-layers/RO/{}", id(n))
+}
+
+fn layer_json(n: u8) -> String {
+    format!("{}/layer.json", meta(n))
+}
+
+fn tar_split(n: u8) -> String {
+    format!("{}/{}.tar-split.gz", meta(n), id(n))
+}
+
+fn image_dir(n: u8) -> String {
+    format!("overlay-images/{}", id(n))
+}
+
+fn config_path(n: u8) -> String {
+    let name = STANDARD.encode(format!("sha256:{}", id(n)));
+    format!("{}/={name}", image_dir(n))
+}
+
+/// The reason `name` is not ready; fails if it is ready or unknown.
+fn reason(index: &LayoutIndex, kind: ObjectKind, name: &str) -> String {
+    let ready = match kind {
+        ObjectKind::Layer => index.layer(name).is_some(),
+        ObjectKind::Image => index.image(name).is_some(),
+    };
+    assert!(!ready, "{name} is ready");
+    match index
+        .not_ready()
+        .iter()
+        .find(|nr| nr.kind == kind && nr.name == name)
+    {
+        Some(nr) => nr.reason.clone(),
+        None => panic!("{name} not listed as not ready: {:?}", index.not_ready()),
+    }
+}
+
+fn assert_all_ready(index: &LayoutIndex) {
+    assert!(index.not_ready().is_empty(), "{:?}", index.not_ready());
+    assert_eq!(index.layers().count(), 3);
+    assert_eq!(index.images().count(), 1);
+}
+
+/// Builds the standard tree, checks it is ready, applies `damage`, and returns the new index.
+fn damaged(damage: impl FnOnce(&Tree)) -> LayoutIndex {
+    let tree = Tree::standard();
+    assert_all_ready(&tree.scan());
+    damage(&tree);
+    tree.scan()
+}
+
+/// Asserts that `damage` makes layer `n` not ready with a reason containing `needle`, and
+/// that the image above it follows.
+fn assert_breaks_layer(n: u8, needle: &str, damage: impl FnOnce(&Tree)) {
+    let index = damaged(damage);
+    let why = reason(&index, ObjectKind::Layer, &id(n));
+    assert!(why.contains(needle), "reason {why:?} lacks {needle:?}");
+    assert!(index.image(&id(IMAGE)).is_none());
+}
+
+fn assert_breaks_image(needle: &str, damage: impl FnOnce(&Tree)) {
+    let index = damaged(damage);
+    let why = reason(&index, ObjectKind::Image, &id(IMAGE));
+    assert!(why.contains(needle), "reason {why:?} lacks {needle:?}");
+}
+
+// --- the good case -------------------------------------------------------------------------
+
+#[test]
+fn standard_tree_is_ready() {
+    let index = Tree::standard().scan();
+    assert_all_ready(&index);
+    assert_eq!(index.driver(), "overlay");
+    let top = index.layer(&id(TOP)).unwrap();
+    assert_eq!(top.short, short(TOP));
+    assert_eq!(top.parent, Some(id(MIDDLE)));
+    assert_eq!(index.layer(&id(BASE)).unwrap().parent, None);
+    assert_eq!(index.layer_by_short(&short(MIDDLE)).unwrap().id, id(MIDDLE));
+    let image = index.image(&id(IMAGE)).unwrap();
+    assert_eq!(image.top_layer, id(TOP));
+    assert_eq!(image.names, ["busybox:latest"]);
+    let ids: Vec<_> = index.layers().map(|l| l.id.clone()).collect();
+    assert_eq!(ids, [id(BASE), id(MIDDLE), id(TOP)]);
+}
+
+#[test]
+fn empty_or_missing_roots_give_empty_indexes() {
+    let tree = Tree::new();
+    let index = tree.scan();
+    assert_eq!(index.layers().count(), 0);
+    assert!(index.not_ready().is_empty());
+
+    let index = LayoutIndex::scan(&tree.path("does-not-exist"), "overlay");
+    assert_eq!(index.layers().count(), 0);
+    assert_eq!(
+        index.not_ready().len(),
+        3,
+        "one line per area: {:?}",
+        index.not_ready()
+    );
+}
+
+#[test]
+fn other_driver_names_select_other_areas() {
+    let tree = Tree::standard();
+    assert_eq!(
+        LayoutIndex::scan(tree.tmp.path(), "overlay2")
+            .layers()
+            .count(),
+        0
+    );
+    fs::rename(tree.path("overlay"), tree.path("overlay2")).unwrap();
+    fs::rename(tree.path("overlay-layers"), tree.path("overlay2-layers")).unwrap();
+    fs::rename(tree.path("overlay-images"), tree.path("overlay2-images")).unwrap();
+    let index = LayoutIndex::scan(tree.tmp.path(), "overlay2");
+    assert_all_ready(&index);
+}
+
+#[test]
+fn driver_names_cannot_climb_out() {
+    let tree = Tree::standard();
+    for bad in ["", "..", "../overlay", "a/b"] {
+        let index = LayoutIndex::scan(tree.tmp.path(), bad);
+        assert_eq!(index.layers().count(), 0, "{bad:?}");
+        assert_eq!(index.not_ready()[0].reason, "invalid graph driver name");
+    }
+}
+
+#[test]
+fn trailing_newlines_are_tolerated() {
+    let tree = Tree::standard();
+    tree.write(
+        &format!("{}/link", overlay(MIDDLE)),
+        format!("{}\n", short(MIDDLE)),
+    );
+    tree.write(
+        &format!("{}/lower", overlay(TOP)),
+        format!("l/{}:l/{}\n", short(MIDDLE), short(BASE)),
+    );
+    assert_all_ready(&tree.scan());
+}
+
+#[test]
+fn base32_short_ids_are_accepted() {
+    let tree = Tree::new();
+    tree.layer_with_short(BASE, None, "ABCDEFGHIJKLMNOPQRSTUVWXY2");
+    tree.layer_with_short(MIDDLE, Some(BASE), "MNOPQRSTUVWXYZ234567ABCDEF");
+    let index = tree.scan();
+    assert!(index.not_ready().is_empty(), "{:?}", index.not_ready());
+    assert_eq!(
+        index
+            .layer_by_short("ABCDEFGHIJKLMNOPQRSTUVWXY2")
+            .unwrap()
+            .id,
+        id(BASE)
+    );
+}
+
+#[test]
+fn layer_without_diff_digest_needs_no_tar_split() {
+    let tree = Tree::standard();
+    tree.write(&layer_json(BASE), format!(r#"{{"id":"{}"}}"#, id(BASE)));
+    tree.remove(&tar_split(BASE));
+    assert_all_ready(&tree.scan());
+}
+
+#[test]
+fn false_incomplete_flags_and_unknown_fields_are_fine() {
+    let tree = Tree::standard();
+    let json = format!(
+        r#"{{"id":"{}","incomplete":false,"flags":{{"incomplete":false,"x":[1]}},"new-field":{{}},"names":null}}"#,
+        id(BASE)
+    );
+    tree.write(&layer_json(BASE), json);
+    assert_all_ready(&tree.scan());
+}
+
+// --- overlay dir rules ---------------------------------------------------------------------
+
+#[test]
+fn missing_link() {
+    assert_breaks_layer(TOP, "link: missing", |t| {
+        t.remove(&format!("{}/link", overlay(TOP)))
+    });
+}
+
+#[test]
+fn malformed_links() {
+    let bad = [
+        "c3343428f60aab9c86d24293f",      // 25 characters
+        "C3343428F60AAB9C86D24293F6",     // uppercase hex
+        "c3343428f60aab9c86d24293f6\n\n", // two newlines
+        "c3343428f60aab9c86d24293f6 ",    // trailing space
+        "../../../../../../../../etc",    // a path
+    ];
+    for link in bad {
+        assert_breaks_layer(TOP, "link: not a short id", |t| {
+            t.write(&format!("{}/link", overlay(TOP)), link)
+        });
+    }
+}
+
+#[test]
+fn missing_diff() {
+    assert_breaks_layer(TOP, "diff: missing", |t| {
+        t.remove(&format!("{}/diff", overlay(TOP)))
+    });
+}
+
+#[test]
+fn diff_that_is_a_file() {
+    assert_breaks_layer(TOP, "diff: not a directory", |t| {
+        t.remove(&format!("{}/diff", overlay(TOP)));
+        t.write(&format!("{}/diff", overlay(TOP)), "");
+    });
+}
+
+#[test]
+fn diff_that_is_a_symlink() {
+    assert_breaks_layer(TOP, "diff: is a symlink", |t| {
+        t.symlink_instead(&format!("{}/diff", overlay(TOP)))
+    });
+}
+
+#[test]
+fn missing_lower_with_parent() {
+    assert_breaks_layer(
+        TOP,
+        "lower: missing although layer.json names parent",
+        |t| t.remove(&format!("{}/lower", overlay(TOP))),
+    );
+}
+
+#[test]
+fn lower_on_a_base_layer() {
+    assert_breaks_layer(
+        BASE,
+        "lower: present although layer.json names no parent",
+        |t| {
+            t.write(
+                &format!("{}/lower", overlay(BASE)),
+                format!("l/{}", short(TOP)),
+            )
+        },
+    );
+}
+
+#[test]
+fn lower_not_starting_with_the_parent() {
+    assert_breaks_layer(TOP, "first entry", |t| {
+        t.write(
+            &format!("{}/lower", overlay(TOP)),
+            format!("l/{}:l/{}", short(BASE), short(MIDDLE)),
+        )
+    });
+}
+
+#[test]
+fn lower_missing_an_ancestor() {
+    assert_breaks_layer(TOP, "ends before the parent chain", |t| {
+        t.write(
+            &format!("{}/lower", overlay(TOP)),
+            format!("l/{}", short(MIDDLE)),
+        )
+    });
+}
+
+#[test]
+fn lower_naming_an_unknown_short_id() {
+    assert_breaks_layer(TOP, "entry 2", |t| {
+        t.write(
+            &format!("{}/lower", overlay(TOP)),
+            format!("l/{}:l/{}", short(MIDDLE), short(0x77)),
+        )
+    });
+}
+
+#[test]
+fn lower_with_bad_syntax() {
+    for lower in [
+        short(MIDDLE),
+        format!("l/{}::l/{}", short(MIDDLE), short(BASE)),
+        String::new(),
+    ] {
+        assert_breaks_layer(TOP, "lower: ", |t| {
+            t.write(&format!("{}/lower", overlay(TOP)), &lower)
+        });
+    }
+}
+
+#[test]
+fn shared_short_ids_make_both_layers_not_ready() {
+    let tree = Tree::standard();
+    tree.layer_with_short(0x50, None, &short(BASE));
+    let index = tree.scan();
+    assert!(reason(&index, ObjectKind::Layer, &id(0x50)).contains("also used by"));
+    assert!(reason(&index, ObjectKind::Layer, &id(BASE)).contains("also used by"));
+    assert!(index.layer_by_short(&short(BASE)).is_none());
+}
+
+// --- layer metadata rules ------------------------------------------------------------------
+
+#[test]
+fn missing_overlay_dir() {
+    assert_breaks_layer(TOP, "overlay/RO/", |t| t.remove(&overlay(TOP)));
+}
+
+#[test]
+fn missing_layer_dir() {
+    assert_breaks_layer(TOP, "overlay-layers/RO/", |t| t.remove(&meta(TOP)));
+}
+
+#[test]
+fn missing_layer_json() {
+    assert_breaks_layer(TOP, "layer.json: missing", |t| t.remove(&layer_json(TOP)));
+}
+
+#[test]
+fn malformed_layer_json() {
+    for json in ["", "{", "[]", r#"{"id":3}"#, r#"{"incompelte":"yes"}"#] {
+        assert_breaks_layer(TOP, "layer.json: malformed JSON", |t| {
+            t.write(&layer_json(TOP), json)
+        });
+    }
+}
+
+#[test]
+fn layer_json_with_another_id() {
+    assert_breaks_layer(TOP, "id does not match", |t| {
+        t.write(
+            &layer_json(TOP),
+            format!(r#"{{"id":"{}","parent":"{}"}}"#, id(0x44), id(MIDDLE)),
+        )
+    });
+}
+
+#[test]
+fn incomplete_layers() {
+    for flag in [
+        r#""incompelte":true"#,
+        r#""incomplete":true"#,
+        r#""flags":{"incomplete":true}"#,
+    ] {
+        let json = format!(r#"{{"id":"{}","parent":"{}",{flag}}}"#, id(TOP), id(MIDDLE));
+        assert_breaks_layer(TOP, "incomplete flag set", |t| {
+            t.write(&layer_json(TOP), &json)
+        });
+    }
+}
+
+#[test]
+fn parent_that_is_not_an_id() {
+    assert_breaks_layer(TOP, "parent is not a 64-hex layer id", |t| {
+        t.write(
+            &layer_json(TOP),
+            format!(r#"{{"id":"{}","parent":"../../etc"}}"#, id(TOP)),
+        )
+    });
+}
+
+#[test]
+fn missing_tar_split() {
+    assert_breaks_layer(
+        TOP,
+        "tar-split.gz: missing although layer.json sets diff-digest",
+        |t| t.remove(&tar_split(TOP)),
+    );
+}
+
+#[test]
+fn truncated_tar_split() {
+    let whole = gzip(br#"{"type":1,"name":"hello","size":13,"payload":"kGuXHeJgaa0="}"#);
+    // In the trailer, in the deflate data, and right after the header.
+    for len in [whole.len() - 6, whole.len() / 2, 12, 5] {
+        assert_breaks_layer(TOP, "tar-split.gz: truncated gzip stream", |t| {
+            t.write(&tar_split(TOP), &whole[..len]);
+        });
+    }
+}
+
+#[test]
+fn empty_tar_split() {
+    assert_breaks_layer(TOP, "tar-split.gz: empty file", |t| {
+        t.write(&tar_split(TOP), "")
+    });
+}
+
+#[test]
+fn tar_split_that_is_not_gzip() {
+    assert_breaks_layer(TOP, "tar-split.gz: not a valid gzip stream", |t| {
+        t.write(
+            &tar_split(TOP),
+            "plain text, long enough to hold a gzip header",
+        )
+    });
+}
+
+#[test]
+fn huge_json_is_refused_without_reading_it() {
+    assert_breaks_layer(TOP, "layer.json: larger than the 16 MiB read cap", |t| {
+        let file = fs::File::create(t.path(&layer_json(TOP))).unwrap();
+        file.set_len(17 << 20).unwrap();
+    });
+}
+
+#[test]
+fn fifo_in_place_of_a_file_does_not_hang() {
+    assert_breaks_layer(TOP, "layer.json: not a regular file", |t| {
+        t.remove(&layer_json(TOP));
+        nix::unistd::mkfifo(&t.path(&layer_json(TOP)), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    });
+}
+
+// --- chains --------------------------------------------------------------------------------
+
+#[test]
+fn missing_middle_layer_sinks_the_chain() {
+    let index = damaged(|t| {
+        t.remove(&overlay(MIDDLE));
+        t.remove(&meta(MIDDLE));
+    });
+    let why = reason(&index, ObjectKind::Layer, &id(TOP));
+    assert_eq!(why, format!("parent {}: not ready (missing)", id(MIDDLE)));
+    assert!(index.layer(&id(BASE)).is_some());
+    let why = reason(&index, ObjectKind::Image, &id(IMAGE));
+    assert!(
+        why.contains(&format!("ancestor {}: missing", id(MIDDLE))),
+        "{why}"
+    );
+}
+
+#[test]
+fn broken_ancestor_is_named_in_descendants() {
+    let index = damaged(|t| t.remove(&format!("{}/link", overlay(BASE))));
+    let why = reason(&index, ObjectKind::Layer, &id(TOP));
+    assert_eq!(
+        why,
+        format!(
+            "parent {}: not ready (ancestor {}: link: missing)",
+            id(MIDDLE),
+            id(BASE)
+        )
+    );
+    let why = reason(&index, ObjectKind::Layer, &id(MIDDLE));
+    assert_eq!(
+        why,
+        format!("parent {}: not ready (link: missing)", id(BASE))
+    );
+}
+
+#[test]
+fn cycles_are_detected() {
+    let tree = Tree::standard();
+    // 0x60 → 0x61 → 0x62 → 0x60, and 0x63 hangs below the cycle.
+    for (n, parent) in [(0x60, 0x61), (0x61, 0x62), (0x62, 0x60), (0x63, 0x60)] {
+        tree.layer(n, None);
+        let json = format!(r#"{{"id":"{}","parent":"{}"}}"#, id(n), id(parent));
+        tree.write(&layer_json(n), json);
+        tree.write(
+            &format!("{}/lower", overlay(n)),
+            format!("l/{}", short(parent)),
+        );
+    }
+    let index = tree.scan();
+    for n in [0x60, 0x61, 0x62] {
+        assert!(reason(&index, ObjectKind::Layer, &id(n)).contains("loops back"));
+    }
+    assert!(
+        reason(&index, ObjectKind::Layer, &id(0x63)).starts_with(&format!("parent {}", id(0x60)))
+    );
+    assert_eq!(
+        index.layers().count(),
+        3,
+        "the standard chain is unaffected"
+    );
+}
+
+#[test]
+fn self_parent_is_a_cycle() {
+    assert_breaks_layer(TOP, "loops back", |t| {
+        t.write(
+            &layer_json(TOP),
+            format!(r#"{{"id":"{}","parent":"{}"}}"#, id(TOP), id(TOP)),
+        );
+        t.write(
+            &format!("{}/lower", overlay(TOP)),
+            format!("l/{}", short(TOP)),
+        );
+    });
+}
+
+#[test]
+fn chains_deeper_than_the_overlay_limit() {
+    let tree = Tree::new();
+    // Layer n has n - 1 ancestors: 129 is the deepest allowed, 130 is one too deep.
+    tree.layer(1, None);
+    for n in 2..=130u8 {
+        tree.layer(n, Some(n - 1));
+    }
+    let index = tree.scan();
+    assert!(index.layer(&id(129)).is_some(), "{:?}", index.not_ready());
+    assert!(reason(&index, ObjectKind::Layer, &id(130)).contains("lower: more than 128 entries"));
+
+    // With `lower` cut back to 128 entries, the chain itself is what is too deep.
+    let lower = tree.read(&format!("{}/lower", overlay(130)));
+    let entries: Vec<&str> = lower.split(':').take(128).collect();
+    tree.write(&format!("{}/lower", overlay(130)), entries.join(":"));
+    let why = reason(&tree.scan(), ObjectKind::Layer, &id(130));
+    assert_eq!(why, "parent chain deeper than 128 layers");
+}
+
+// --- symlinks, names, garbage --------------------------------------------------------------
+
+#[test]
+fn symlinked_overlay_dir() {
+    assert_breaks_layer(TOP, "is a symlink", |t| t.symlink_instead(&overlay(TOP)));
+}
+
+#[test]
+fn symlinked_layer_dir() {
+    assert_breaks_layer(TOP, "is a symlink", |t| t.symlink_instead(&meta(TOP)));
+}
+
+#[test]
+fn symlinked_link_file() {
+    assert_breaks_layer(TOP, "link: is a symlink", |t| {
+        t.symlink_instead(&format!("{}/link", overlay(TOP)))
+    });
+}
+
+#[test]
+fn symlinked_layer_json() {
+    assert_breaks_layer(TOP, "layer.json: is a symlink", |t| {
+        t.symlink_instead(&layer_json(TOP))
+    });
+}
+
+#[test]
+fn symlinked_area() {
+    let index = damaged(|t| t.symlink_instead("overlay/RO"));
+    assert!(index
+        .not_ready()
+        .iter()
+        .any(|nr| nr.name == "overlay/RO" && nr.reason.contains("symlink")));
+    assert_eq!(index.layers().count(), 0);
+}
+
+#[test]
+fn symlinked_image_dir() {
+    assert_breaks_image("is a symlink", |t| t.symlink_instead(&image_dir(IMAGE)));
+}
+
+#[test]
+fn garbage_is_never_an_id() {
+    let tree = Tree::standard();
+    let stray = [
+        "overlay/RO/.tmp-link-0123456789",
+        "overlay-layers/RO/short",
+        "overlay-images/README",
+        "overlay-images/.tmp-images.json-abcdef0123",
+    ];
+    for rel in stray {
+        tree.write(rel, "x");
+    }
+    // Id-shaped names that are plain files, uppercase, or too long.
+    tree.write(&format!("overlay/RO/{}", id(0x70)), "not a dir");
+    fs::create_dir_all(tree.path(&format!("overlay/RO/{}", id(0xab).to_uppercase()))).unwrap();
+    fs::create_dir_all(tree.path(&format!("overlay-images/{}0", id(0x71)))).unwrap();
+    fs::create_dir_all(tree.path("overlay/l")).unwrap();
+    // Non-UTF-8 names.
+    let root = tree.path("overlay-layers/RO");
+    fs::create_dir_all(root.join(OsStr::from_bytes(b"\xff\xfe"))).unwrap();
+    fs::write(
+        tree.path("overlay-images")
+            .join(OsStr::from_bytes(b"bad\x80name")),
+        "x",
+    )
+    .unwrap();
+    assert_all_ready(&tree.scan());
+}
+
+// --- image rules ---------------------------------------------------------------------------
+
+#[test]
+fn missing_images_json() {
+    assert_breaks_image("images.json: missing", |t| {
+        t.remove(&format!("{}/images.json", image_dir(IMAGE)))
+    });
+}
+
+#[test]
+fn malformed_images_json() {
+    assert_breaks_image("images.json: malformed JSON", |t| {
+        t.write(&format!("{}/images.json", image_dir(IMAGE)), r#"{"id":"#)
+    });
+}
+
+#[test]
+fn images_json_with_another_id() {
+    assert_breaks_image("id does not match", |t| {
+        let json = format!(r#"{{"id":"{}","layer":"{}"}}"#, id(0x99), id(TOP));
+        t.write(&format!("{}/images.json", image_dir(IMAGE)), json);
+    });
+}
+
+#[test]
+fn image_without_top_layer() {
+    assert_breaks_image("`layer` (top layer) is missing", |t| {
+        t.write(
+            &format!("{}/images.json", image_dir(IMAGE)),
+            format!(r#"{{"id":"{}"}}"#, id(IMAGE)),
+        );
+    });
+}
+
+#[test]
+fn missing_manifest() {
+    assert_breaks_image("manifest: missing", |t| {
+        t.remove(&format!("{}/manifest", image_dir(IMAGE)))
+    });
+}
+
+#[test]
+fn malformed_manifest() {
+    assert_breaks_image("manifest: malformed JSON", |t| {
+        t.write(
+            &format!("{}/manifest", image_dir(IMAGE)),
+            "schemaVersion: 2",
+        )
+    });
+}
+
+#[test]
+fn missing_config() {
+    assert_breaks_image("config =c2hhMjU2O", |t| t.remove(&config_path(IMAGE)));
+}
+
+#[test]
+fn image_on_a_missing_top_layer() {
+    assert_breaks_image(
+        &format!("top layer {}: not ready (missing)", id(0x42)),
+        |t| {
+            let json = format!(r#"{{"id":"{}","layer":"{}"}}"#, id(IMAGE), id(0x42));
+            t.write(&format!("{}/images.json", image_dir(IMAGE)), json);
+        },
+    );
+}
+
+#[test]
+fn image_on_a_broken_chain() {
+    assert_breaks_image(
+        &format!("top layer {}: not ready (ancestor {}", id(TOP), id(BASE)),
+        |t| {
+            t.write(
+                &layer_json(BASE),
+                format!(r#"{{"id":"{}","incompelte":true}}"#, id(BASE)),
+            )
+        },
+    );
+}
+
+// --- the index as a value ------------------------------------------------------------------
+
+#[test]
+fn index_is_a_shareable_value() {
+    fn shareable<T: Clone + Send + Sync + 'static>() {}
+    shareable::<LayoutIndex>();
+}
+
+#[test]
+fn fingerprints_tell_changed_objects_apart() {
+    let tree = Tree::standard();
+    let before = tree.scan();
+    let again = tree.scan();
+    let fp = |index: &LayoutIndex| index.image_fingerprint(&id(IMAGE)).unwrap().clone();
+    assert!(!fp(&before).files_differ(&fp(&again)));
+    assert!(fp(&before).get(Part::Config).is_some());
+    assert_eq!(
+        before.layer_fingerprint(&id(TOP)).unwrap().parts().count(),
+        6
+    );
+
+    // A re-tag of the same length: only the content hash (and inode) can tell.
+    let json = format!(
+        r#"{{"id":"{}","names":["busybox:newest"],"layer":"{}","size":42}}"#,
+        id(IMAGE),
+        id(TOP)
+    );
+    tree.write(&format!("{}/images.json", image_dir(IMAGE)), json);
+    let after = tree.scan();
+    assert!(fp(&before).files_differ(&fp(&after)));
+    assert_ne!(
+        fp(&before).get(Part::ImagesJson).unwrap().content_hash,
+        fp(&after).get(Part::ImagesJson).unwrap().content_hash
+    );
+    assert_eq!(after.image(&id(IMAGE)).unwrap().names, ["busybox:newest"]);
+}

@@ -1,0 +1,20 @@
+//! layerfs: a FUSE filesystem that lets many container hosts share one read-only tree of
+//! image layers while each keeps its own read-write data locally.
+//!
+//! The data path: [`fs`] (FUSE glue) → [`view`] (union of local over remote, and the
+//! synthesized iSulad remote-RO layout) → [`store`] (safe access to the trees on disk).
+//! [`layout`] scans the remote tree into the index of ready layers and images the view
+//! shows. [`config`] holds a mount's options, [`mount`] serves one, [`daemon`] detaches.
+
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod error;
+pub mod fs;
+pub mod layout;
+pub mod mount;
+pub mod store;
+pub mod view;
+
+pub use config::MountConfig;
+pub use error::{Error, Result};

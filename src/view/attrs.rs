@@ -1,0 +1,238 @@
+//! Attribute changes (chmod, chown, truncate, utimes) and extended attributes.
+//!
+//! Changing anything about a remote or synthesized object copies it up first. Extended
+//! attribute names are escaped on their way to local (see [`marker`]), so the view never
+//! shows the union's own markers and a stacked overlayfs finds its own.
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::Mode;
+use nix::unistd::{Gid, Uid};
+
+use super::node::{Layer, Node};
+use super::{marker, Stat, View};
+use crate::store::{self, cname, xattr, Kind};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Time {
+    Now,
+    At(SystemTime),
+}
+
+/// The changes of one `setattr` call; `None` leaves a field alone.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Time>,
+    pub mtime: Option<Time>,
+}
+
+impl View {
+    /// Applies `set`; `open` is the caller's open file when it came with one (ftruncate).
+    pub fn setattr(
+        &self,
+        node: &Arc<Node>,
+        set: &SetAttr,
+        open: Option<BorrowedFd<'_>>,
+    ) -> Result<Stat, Errno> {
+        self.make_local(node, set.size != Some(0))?;
+        let fd = self.object_fd(node)?;
+        let fd = fd.as_fd();
+        if let Some(mode) = set.mode {
+            let path = store::proc_path(fd);
+            nix::sys::stat::fchmodat(
+                nix::fcntl::AT_FDCWD,
+                path.as_c_str(),
+                Mode::from_bits_truncate(mode & 0o7777),
+                nix::sys::stat::FchmodatFlags::FollowSymlink,
+            )?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            nix::unistd::fchownat(
+                fd,
+                c"",
+                set.uid.map(Uid::from_raw),
+                set.gid.map(Gid::from_raw),
+                AtFlags::AT_EMPTY_PATH,
+            )?;
+        }
+        if let Some(size) = set.size {
+            if node.kind != Kind::File {
+                return Err(if node.is_dir() {
+                    Errno::EISDIR
+                } else {
+                    Errno::EINVAL
+                });
+            }
+            let truncate = |f: BorrowedFd<'_>| {
+                Errno::result(unsafe { libc::ftruncate(f.as_raw_fd(), size as libc::off_t) })
+            };
+            match open.map(truncate) {
+                Some(Ok(_)) => {}
+                // A handle opened read-only (or none at all): truncate by the object itself.
+                _ => {
+                    let w = store::reopen(fd, OFlag::O_WRONLY)?;
+                    truncate(w.as_fd())?;
+                }
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            let times = [timespec(set.atime), timespec(set.mtime)];
+            let res = unsafe {
+                libc::utimensat(
+                    fd.as_raw_fd(),
+                    c"".as_ptr(),
+                    times.as_ptr(),
+                    libc::AT_EMPTY_PATH,
+                )
+            };
+            Errno::result(res)?;
+        }
+        self.getattr(node, None)
+    }
+
+    pub fn getxattr(&self, node: &Node, name: &OsStr) -> Result<Vec<u8>, Errno> {
+        if node.layer() == Layer::Virtual {
+            return Err(Errno::ENODATA);
+        }
+        let fd = self.object_fd(node)?;
+        let path = store::proc_path(fd.as_fd());
+        match node.layer() {
+            Layer::Virtual => Err(Errno::ENODATA),
+            Layer::Local => xattr::get(
+                &path,
+                &marker::escape(name.as_bytes()).ok_or(Errno::EINVAL)?,
+            ),
+            Layer::Remote => xattr::get(&path, &to_cstring(name)?),
+        }
+    }
+
+    /// The attribute names as the view shows them, NUL-terminated one after another.
+    pub fn listxattr(&self, node: &Node) -> Result<Vec<u8>, Errno> {
+        if node.layer() == Layer::Virtual {
+            return Ok(Vec::new());
+        }
+        let fd = self.object_fd(node)?;
+        let path = store::proc_path(fd.as_fd());
+        let mut out = Vec::new();
+        for stored in xattr::list(&path)? {
+            let shown = match node.layer() {
+                Layer::Local => marker::unescape(&stored),
+                _ => Some(stored),
+            };
+            if let Some(name) = shown {
+                out.extend_from_slice(&name);
+                out.push(0);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn setxattr(
+        &self,
+        node: &Arc<Node>,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<(), Errno> {
+        self.make_local(node, true)?;
+        let fd = self.object_fd(node)?;
+        let stored = marker::escape(name.as_bytes()).ok_or(Errno::EINVAL)?;
+        xattr::set(&store::proc_path(fd.as_fd()), &stored, value, flags)
+    }
+
+    pub fn removexattr(&self, node: &Arc<Node>, name: &OsStr) -> Result<(), Errno> {
+        // Nothing to copy up for an attribute that is not there.
+        if node.layer() != Layer::Local {
+            self.getxattr(node, name)?;
+        }
+        self.make_local(node, true)?;
+        let fd = self.object_fd(node)?;
+        let stored = marker::escape(name.as_bytes()).ok_or(Errno::EINVAL)?;
+        xattr::remove(&store::proc_path(fd.as_fd()), &stored)
+    }
+
+    /// Copies a node up unless it is local already.
+    fn make_local(&self, node: &Arc<Node>, with_data: bool) -> Result<(), Errno> {
+        if node.layer() == Layer::Local {
+            return Ok(());
+        }
+        if node.is_dir() {
+            self.ensure_local_dir(node).map(drop)
+        } else {
+            self.copy_up(node, with_data)
+        }
+    }
+
+    /// An `O_PATH` handle on the object itself, wherever it lives.
+    fn object_fd(&self, node: &Node) -> Result<Arc<OwnedFd>, Errno> {
+        let (layer, local, remote) = {
+            let st = node.state();
+            (st.layer, st.local.clone(), st.remote.clone())
+        };
+        if node.is_dir() {
+            return match layer {
+                Layer::Local => local,
+                Layer::Remote => remote,
+                Layer::Virtual => None,
+            }
+            .ok_or(Errno::ENODATA);
+        }
+        if layer == Layer::Virtual {
+            return Err(Errno::ENODATA);
+        }
+        let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
+        let fds = parent.dir_fds();
+        let dir = match layer {
+            Layer::Local => fds.local(),
+            _ => fds.remote(),
+        }
+        .ok_or(Errno::ESTALE)?;
+        store::open_path_at(dir, &cname(&name)?).map(Arc::new)
+    }
+}
+
+fn timespec(t: Option<Time>) -> libc::timespec {
+    match t {
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        Some(Time::Now) => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        Some(Time::At(t)) => {
+            let (sec, nsec) = match t.duration_since(SystemTime::UNIX_EPOCH) {
+                Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
+                Err(e) => {
+                    // Before 1970: whole seconds down, nanoseconds up.
+                    let d = e.duration();
+                    let nanos = d.subsec_nanos() as i64;
+                    if nanos == 0 {
+                        (-(d.as_secs() as i64), 0)
+                    } else {
+                        (-(d.as_secs() as i64) - 1, 1_000_000_000 - nanos)
+                    }
+                }
+            };
+            libc::timespec {
+                tv_sec: sec,
+                tv_nsec: nsec,
+            }
+        }
+    }
+}
+
+fn to_cstring(name: &OsStr) -> Result<CString, Errno> {
+    CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)
+}

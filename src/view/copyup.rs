@@ -1,0 +1,309 @@
+//! Copy-up: giving a remote (or synthesized) object a local copy before it is changed.
+//!
+//! A file is copied into an unnamed `O_TMPFILE` in its local directory (or, where the
+//! filesystem has none, a hidden temporary name), with its data, mode, owner, xattrs and
+//! times, synced, and only then linked under its name: a crash at any point leaves either
+//! no local copy or a complete one, never a truncated file. Directories are created on the
+//! way down with the remote directory's attributes; the parent's times are restored after
+//! each copy-up so that copying up does not show as a change of the directory.
+//!
+//! The node keeps its number: the local copy's identity is bound to it.
+
+use std::ffi::CStr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, RenameFlags};
+use nix::sys::stat::{Mode, SFlag};
+use tracing::debug;
+
+use super::inodes::Identity;
+use super::node::{Layer, Node};
+use super::{marker, Stat, View};
+use crate::store::{self, cname, copy, xattr, Kind};
+
+impl View {
+    /// The local directory of a directory node, creating it (and its parents) if needed.
+    pub fn ensure_local_dir(&self, node: &Arc<Node>) -> Result<Arc<OwnedFd>, Errno> {
+        if let Some(fd) = node.state().local.clone() {
+            return Ok(fd);
+        }
+        if !node.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
+        let parent_fd = self.ensure_local_dir(&parent)?;
+        let c = cname(&name)?;
+        let template = self.getattr(node, None)?;
+        let remote = node.state().remote.clone();
+        let parent_times = store::stat_fd(parent_fd.as_fd())?;
+
+        // Created closed (0700, root) and opened up once its attributes are right.
+        let fd = match nix::sys::stat::mkdirat(
+            parent_fd.as_fd(),
+            c.as_c_str(),
+            Mode::from_bits_truncate(0o700),
+        ) {
+            Ok(()) => {
+                let fd = store::open_dir_at(parent_fd.as_fd(), &c)?;
+                if let Some(remote) = &remote {
+                    copy_xattrs(
+                        &store::proc_path(remote.as_fd()),
+                        &store::proc_path(fd.as_fd()),
+                    );
+                }
+                apply_owner_mode_times(fd.as_fd(), &template)?;
+                restore_times(parent_fd.as_fd(), &parent_times);
+                fd
+            }
+            // Another request got there first.
+            Err(Errno::EEXIST) => store::open_dir_at(parent_fd.as_fd(), &c)?,
+            Err(e) => return Err(e),
+        };
+        let st = store::stat_fd(fd.as_fd())?;
+        self.inodes.bind(
+            Identity::Local {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            },
+            node.ino,
+        );
+        let fd = Arc::new(fd);
+        let mut state = node.state();
+        state.local = Some(fd.clone());
+        state.layer = Layer::Local;
+        Ok(fd)
+    }
+
+    /// Gives a remote or synthesized non-directory a local copy. `with_data` false copies
+    /// everything but the content (the caller is about to truncate it).
+    pub fn copy_up(&self, node: &Arc<Node>, with_data: bool) -> Result<(), Errno> {
+        if node.is_dir() {
+            return self.ensure_local_dir(node).map(drop);
+        }
+        let _one_at_a_time = node.copy_lock();
+        let (layer, link) = {
+            let st = node.state();
+            (st.layer, st.link.clone())
+        };
+        if layer == Layer::Local {
+            return Ok(());
+        }
+        let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
+        let local_dir = self.ensure_local_dir(&parent)?;
+        let c = cname(&name)?;
+        let parent_times = store::stat_fd(local_dir.as_fd())?;
+        let dir = local_dir.as_fd();
+        match (layer, link) {
+            (Layer::Virtual, Some(target)) => {
+                let mut st = self.getattr(node, None)?;
+                st.st_mode = libc::S_IFLNK | 0o777;
+                place_symlink(dir, &c, &target, &st)?
+            }
+            (Layer::Remote, _) => {
+                let remote_dir = parent.dir_fds().remote.ok_or(Errno::ESTALE)?;
+                let st = store::stat_at(remote_dir.as_fd(), &c)?;
+                match node.kind {
+                    Kind::File => copy_file(remote_dir.as_fd(), dir, &c, &st, with_data)?,
+                    Kind::Symlink => {
+                        let target = store::readlink_at(remote_dir.as_fd(), &c)?;
+                        place_symlink(dir, &c, &target, &st)?
+                    }
+                    _ => place_special(dir, &c, &st)?,
+                }
+            }
+            _ => return Err(Errno::EIO),
+        }
+        restore_times(dir, &parent_times);
+        let st = store::stat_at(dir, &c)?;
+        self.inodes.bind(
+            Identity::Local {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            },
+            node.ino,
+        );
+        let mut state = node.state();
+        state.layer = Layer::Local;
+        state.link = None;
+        debug!(ino = node.ino, name = ?name, "copied up");
+        Ok(())
+    }
+}
+
+fn copy_file(
+    remote_dir: BorrowedFd<'_>,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    st: &Stat,
+    with_data: bool,
+) -> Result<(), Errno> {
+    let src = store::open_at(remote_dir, name, OFlag::O_RDONLY, 0)?;
+    let (tmp, temp_name) =
+        match store::open_at(dir, c".", OFlag::O_TMPFILE | OFlag::O_WRONLY, 0o600) {
+            Ok(fd) => (fd, None),
+            Err(Errno::EOPNOTSUPP | Errno::EISDIR | Errno::EINVAL) => {
+                let temp = temp_name();
+                let fd = store::open_at(
+                    dir,
+                    &temp,
+                    OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY,
+                    0o600,
+                )?;
+                (fd, Some(temp))
+            }
+            Err(e) => return Err(e),
+        };
+    let result = (|| {
+        if with_data {
+            copy::copy_data(src.as_fd(), tmp.as_fd(), st.st_size as u64)?;
+        }
+        copy_xattrs(
+            &store::proc_path(src.as_fd()),
+            &store::proc_path(tmp.as_fd()),
+        );
+        apply_owner_mode_times(tmp.as_fd(), st)?;
+        nix::unistd::fdatasync(tmp.as_fd())?;
+        match &temp_name {
+            None => nix::unistd::linkat(
+                nix::fcntl::AT_FDCWD,
+                store::proc_path(tmp.as_fd()).as_c_str(),
+                dir,
+                name,
+                AtFlags::AT_SYMLINK_FOLLOW,
+            ),
+            Some(temp) => nix::fcntl::renameat2(
+                dir,
+                temp.as_c_str(),
+                dir,
+                name,
+                RenameFlags::RENAME_NOREPLACE,
+            ),
+        }
+    })();
+    if let (Err(_), Some(temp)) = (&result, &temp_name) {
+        let _ = nix::unistd::unlinkat(
+            dir,
+            temp.as_c_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+    }
+    result
+}
+
+fn place_symlink(dir: BorrowedFd<'_>, name: &CStr, target: &[u8], st: &Stat) -> Result<(), Errno> {
+    let temp = temp_name();
+    let target = std::ffi::CString::new(target).map_err(|_| Errno::EINVAL)?;
+    nix::unistd::symlinkat(target.as_c_str(), dir, temp.as_c_str())?;
+    finish_temp(dir, &temp, name, st)
+}
+
+fn place_special(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<(), Errno> {
+    let temp = temp_name();
+    nix::sys::stat::mknodat(
+        dir,
+        temp.as_c_str(),
+        SFlag::from_bits_truncate(st.st_mode & libc::S_IFMT),
+        Mode::from_bits_truncate(0o600),
+        st.st_rdev,
+    )?;
+    finish_temp(dir, &temp, name, st)
+}
+
+/// Dresses a temporary entry with `st`'s attributes and moves it under its name.
+fn finish_temp(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, st: &Stat) -> Result<(), Errno> {
+    let result = store::open_path_at(dir, temp)
+        .and_then(|fd| apply_owner_mode_times(fd.as_fd(), st))
+        .and_then(|()| nix::fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_NOREPLACE));
+    if result.is_err() {
+        let _ = nix::unistd::unlinkat(dir, temp, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+    result
+}
+
+/// A fresh name under [`marker::TEMP_PREFIX`], unique within the process.
+fn temp_name() -> std::ffi::CString {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let prefix = String::from_utf8_lossy(marker::TEMP_PREFIX);
+    std::ffi::CString::new(format!("{prefix}{}.{n}", std::process::id())).unwrap_or_default()
+}
+
+/// Sets owner, then mode (chown clears set-id bits), then times, on any file type.
+pub(super) fn apply_owner_mode_times(fd: BorrowedFd<'_>, st: &Stat) -> Result<(), Errno> {
+    nix::unistd::fchownat(
+        fd,
+        c"",
+        Some(nix::unistd::Uid::from_raw(st.st_uid)),
+        Some(nix::unistd::Gid::from_raw(st.st_gid)),
+        AtFlags::AT_EMPTY_PATH,
+    )?;
+    let is_link = st.st_mode & libc::S_IFMT == libc::S_IFLNK;
+    if !is_link {
+        let path = store::proc_path(fd);
+        nix::sys::stat::fchmodat(
+            nix::fcntl::AT_FDCWD,
+            path.as_c_str(),
+            Mode::from_bits_truncate(st.st_mode & 0o7777),
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )?;
+    }
+    set_times(fd, st)
+}
+
+fn set_times(fd: BorrowedFd<'_>, st: &Stat) -> Result<(), Errno> {
+    let times = [
+        libc::timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec,
+        },
+        libc::timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec,
+        },
+    ];
+    // utimensat(fd, "", AT_EMPTY_PATH) reaches symlinks through O_PATH handles too.
+    let res = unsafe {
+        libc::utimensat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            times.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    Errno::result(res).map(drop)
+}
+
+/// Puts a directory's times back after an entry was added to it by copy-up.
+fn restore_times(dir: BorrowedFd<'_>, st: &Stat) {
+    if let Err(e) = set_times(dir, st) {
+        debug!(error = %e, "could not restore directory times after copy-up");
+    }
+}
+
+/// Copies every attribute from one object to another, escaping overlay's own names.
+/// Attributes the local filesystem refuses (a security module's, say) are skipped: the copy
+/// must not fail for metadata the kernel would also drop.
+pub(super) fn copy_xattrs(from: &CStr, to: &CStr) {
+    let Ok(names) = xattr::list(from) else {
+        return;
+    };
+    for name in names {
+        let Ok(src_name) = std::ffi::CString::new(name.clone()) else {
+            continue;
+        };
+        let Some(dst_name) = marker::escape(&name) else {
+            continue;
+        };
+        match xattr::get(from, &src_name) {
+            Ok(value) => {
+                if let Err(e) = xattr::set(to, &dst_name, &value, 0) {
+                    debug!(name = ?src_name, error = %e, "xattr not copied up");
+                }
+            }
+            Err(e) => debug!(name = ?src_name, error = %e, "xattr not readable for copy-up"),
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The union's own markers in local, in the kernel overlayfs format, so that local stays a
+//! valid overlayfs upper directory: whiteouts are 0/0 character devices, opaque directories
+//! carry `trusted.overlay.opaque=y` (or `user.overlay.opaque=y` where trusted xattrs are
+//! refused).
+//!
+//! Because those names are ours, `*.overlay.*` attributes written *through* the view are
+//! stored escaped as `*.overlay.overlay.*`, the convention kernel overlayfs uses for nested
+//! overlays: a runtime stacking overlayfs on top of the view reads back exactly what it
+//! wrote, and never confuses our markers with its own.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::BorrowedFd;
+
+use nix::errno::Errno;
+use nix::sys::stat::{Mode, SFlag};
+
+use crate::store::{self, xattr};
+
+/// Prefix of the temporary names copy-up uses in local; never visible in the view.
+pub const TEMP_PREFIX: &[u8] = b".layerfs-tmp.";
+
+const OPAQUE_NAMES: [&CStr; 2] = [c"trusted.overlay.opaque", c"user.overlay.opaque"];
+const PRIVATE_PREFIXES: [&[u8]; 2] = [b"trusted.overlay.", b"user.overlay."];
+
+pub fn is_temp_name(name: &[u8]) -> bool {
+    name.starts_with(TEMP_PREFIX)
+}
+
+/// Creates a whiteout for `name` in the local directory `dir`.
+pub fn make_whiteout(dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    nix::sys::stat::mknodat(dir, name, SFlag::S_IFCHR, Mode::empty(), 0)
+}
+
+/// Whether the local directory behind `dir_fd` hides the remote directory under it.
+pub fn is_opaque(dir_fd: BorrowedFd<'_>) -> bool {
+    let path = store::proc_path(dir_fd);
+    OPAQUE_NAMES
+        .iter()
+        .any(|n| xattr::get(&path, n).is_ok_and(|v| v == b"y"))
+}
+
+/// Marks a local directory opaque, falling back to the `user.` namespace like overlayfs's
+/// `userxattr` mode when `trusted.` is refused.
+pub fn set_opaque(dir_fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    let path = store::proc_path(dir_fd);
+    match xattr::set(&path, OPAQUE_NAMES[0], b"y", 0) {
+        Ok(()) => Ok(()),
+        Err(Errno::EPERM | Errno::ENOTSUP) => xattr::set(&path, OPAQUE_NAMES[1], b"y", 0),
+        Err(e) => Err(e),
+    }
+}
+
+/// An attribute name as the view shows it → as local stores it.
+pub fn escape(name: &[u8]) -> Option<CString> {
+    let stored = match private_prefix(name) {
+        Some(prefix) => [prefix, b"overlay.", &name[prefix.len()..]].concat(),
+        None => name.to_vec(),
+    };
+    CString::new(stored).ok()
+}
+
+/// An attribute name as local stores it → as the view shows it; `None` for our markers.
+pub fn unescape(stored: &[u8]) -> Option<Vec<u8>> {
+    match private_prefix(stored) {
+        Some(prefix) => {
+            let rest = &stored[prefix.len()..];
+            rest.strip_prefix(b"overlay.".as_slice())
+                .map(|inner| [prefix, inner].concat())
+        }
+        None => Some(stored.to_vec()),
+    }
+}
+
+fn private_prefix(name: &[u8]) -> Option<&'static [u8]> {
+    PRIVATE_PREFIXES.into_iter().find(|p| name.starts_with(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_attributes_round_trip_through_escaping() {
+        let stored = escape(b"trusted.overlay.opaque").unwrap();
+        assert_eq!(stored.as_bytes(), b"trusted.overlay.overlay.opaque");
+        assert_eq!(
+            unescape(stored.as_bytes()).unwrap(),
+            b"trusted.overlay.opaque"
+        );
+        assert_eq!(escape(b"user.mime").unwrap().as_bytes(), b"user.mime");
+        assert_eq!(unescape(b"user.mime").unwrap(), b"user.mime");
+    }
+
+    #[test]
+    fn our_markers_are_never_shown() {
+        assert_eq!(unescape(b"trusted.overlay.opaque"), None);
+        assert_eq!(unescape(b"user.overlay.opaque"), None);
+        assert_eq!(unescape(b"trusted.overlay.origin"), None);
+    }
+
+    #[test]
+    fn temp_names_are_recognised() {
+        assert!(is_temp_name(b".layerfs-tmp.abc"));
+        assert!(!is_temp_name(b".layerfs"));
+    }
+}

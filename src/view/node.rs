@@ -1,0 +1,135 @@
+//! One object of the view, as the kernel knows it by its inode number.
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::zone::Zone;
+use crate::store::Kind;
+
+/// Where an object's own data and attributes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layer {
+    /// In local (possibly over a remote directory it merges with).
+    Local,
+    /// Only in remote: read-only until copied up.
+    Remote,
+    /// Synthesized by the view: nothing on disk.
+    Virtual,
+}
+
+/// A node of the view. Its number, type and zone never change; where it lives does (a
+/// copy-up moves it from remote to local).
+#[derive(Debug)]
+pub struct Node {
+    pub ino: u64,
+    pub kind: Kind,
+    pub zone: Zone,
+    state: Mutex<NodeState>,
+    /// Serializes copy-ups of this node (other requests go on meanwhile).
+    copying: Mutex<()>,
+}
+
+#[derive(Debug)]
+pub struct NodeState {
+    /// The names this node is reachable by: one for directories, more for hard links. The
+    /// first is the one used to reach the object on disk.
+    pub aliases: Vec<(Arc<Node>, OsString)>,
+    pub layer: Layer,
+    /// Directories: `O_PATH` handle of the local directory, once there is one.
+    pub local: Option<Arc<OwnedFd>>,
+    /// Directories: `O_PATH` handle of the remote directory whose entries show through
+    /// (none for opaque directories and outside the shared areas).
+    pub remote: Option<Arc<OwnedFd>>,
+    /// Virtual symlinks: the target.
+    pub link: Option<Arc<[u8]>>,
+    /// How many times the kernel was handed this node and has not forgotten it yet.
+    pub lookups: u64,
+}
+
+impl Node {
+    pub fn new(ino: u64, kind: Kind, zone: Zone, state: NodeState) -> Node {
+        Node {
+            ino,
+            kind,
+            zone,
+            state: Mutex::new(state),
+            copying: Mutex::new(()),
+        }
+    }
+
+    pub fn copy_lock(&self) -> MutexGuard<'_, ()> {
+        self.copying.lock()
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, NodeState> {
+        self.state.lock()
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.kind == Kind::Dir
+    }
+
+    /// The parent and name through which the object is reached on disk.
+    pub fn primary(&self) -> Option<(Arc<Node>, OsString)> {
+        self.state.lock().aliases.first().cloned()
+    }
+
+    pub fn layer(&self) -> Layer {
+        self.state.lock().layer
+    }
+
+    pub fn dir_fds(&self) -> DirFds {
+        let st = self.state.lock();
+        DirFds {
+            local: st.local.clone(),
+            remote: st.remote.clone(),
+        }
+    }
+}
+
+impl NodeState {
+    pub fn new(layer: Layer) -> NodeState {
+        NodeState {
+            aliases: Vec::new(),
+            layer,
+            local: None,
+            remote: None,
+            link: None,
+            lookups: 0,
+        }
+    }
+
+    pub fn add_alias(&mut self, parent: &Arc<Node>, name: &OsStr) {
+        let known = self
+            .aliases
+            .iter()
+            .any(|(p, n)| p.ino == parent.ino && n == name);
+        if !known {
+            self.aliases.push((parent.clone(), name.to_owned()));
+        }
+    }
+
+    pub fn remove_alias(&mut self, parent: u64, name: &OsStr) {
+        self.aliases
+            .retain(|(p, n)| !(p.ino == parent && n == name));
+    }
+}
+
+/// A directory's two handles, cloned out of the node so no lock is held across syscalls.
+#[derive(Debug, Clone, Default)]
+pub struct DirFds {
+    pub local: Option<Arc<OwnedFd>>,
+    pub remote: Option<Arc<OwnedFd>>,
+}
+
+impl DirFds {
+    pub fn local(&self) -> Option<BorrowedFd<'_>> {
+        self.local.as_deref().map(AsFd::as_fd)
+    }
+    pub fn remote(&self) -> Option<BorrowedFd<'_>> {
+        self.remote.as_deref().map(AsFd::as_fd)
+    }
+}
