@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Helpers for benches/run.sh (python3, stdlib only).
+
+Subcommands:
+  bytes SIZE                   print SIZE (e.g. 256M, 1G, 4096, 1GiB) in bytes (1024-based suffixes)
+  mkdata PATH BYTES            write BYTES of random data to PATH (not sparse)
+  fio JSON rw|write            print "<MiB/s> <IOPS>" from a fio --output-format=json file
+  meta DIR N                   metadata workload in DIR (created, must not exist):
+                               create N files, cold stat, readdir, unlink; print JSON ops/s
+  copyup PATH                  time the first 1-byte write into PATH (open O_WRONLY + pwrite +
+                               fsync + close, after a full read so the source is cached); print ms
+  report RESULTS TARGETS...    print the Markdown result tables
+"""
+
+import json
+import os
+import re
+import sys
+import time
+
+MIB = 1024 * 1024
+
+
+def parse_size(s: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB]?)\s*", s)
+    if not m:
+        raise SystemExit("bad size %r (use e.g. 256M, 1G, 1048576)" % s)
+    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(m.group(1)) * mult
+
+
+def drop_caches() -> bool:
+    """Write back dirty data, then drop page cache, dentries and inodes (root only)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def cmd_bytes(args):
+    print(parse_size(args[0]))
+
+
+def cmd_mkdata(args):
+    path, n = args[0], int(args[1])
+    chunk = 4 * MIB
+    with open(path, "wb") as f:
+        left = n
+        while left > 0:
+            k = min(chunk, left)
+            f.write(os.urandom(k))
+            left -= k
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def cmd_fio(args):
+    path, kind = args[0], args[1]
+    with open(path) as f:
+        text = f.read()
+    # fio may print warnings before the JSON document
+    text = text[text.index("{"):]
+    doc = json.loads(text)
+    job = doc["jobs"][0]
+    if job.get("error"):
+        raise SystemExit("fio job failed: error %s" % job["error"])
+    side = job["read" if kind == "read" else "write"]
+    bw = side.get("bw_bytes", side.get("bw", 0) * 1024)
+    print("%.3f %.1f" % (bw / MIB, side["iops"]))
+
+
+def cmd_meta(args):
+    d, n = args[0], int(args[1])
+    os.mkdir(d)
+    names = ["f%06d" % i for i in range(n)]
+    paths = [os.path.join(d, x) for x in names]
+    res = {}
+
+    t = time.perf_counter()
+    for p in paths:
+        os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    res["create"] = n / (time.perf_counter() - t)
+
+    res["cold"] = drop_caches()
+    t = time.perf_counter()
+    for p in paths:
+        os.stat(p)
+    res["stat"] = n / (time.perf_counter() - t)
+
+    # readdir: repeat whole-directory scans for at least 3 passes and 0.3 s (one pass of
+    # 10 000 entries takes only milliseconds); d_type is used, never a stat.
+    passes = entries = 0
+    t = time.perf_counter()
+    while passes < 3 or time.perf_counter() - t < 0.3:
+        with os.scandir(d) as it:
+            for e in it:
+                e.is_dir(follow_symlinks=False)
+                entries += 1
+        passes += 1
+    res["readdir"] = entries / (time.perf_counter() - t)
+    if entries != passes * n:
+        raise SystemExit("readdir saw %d entries in %d passes, expected %d each" % (entries, passes, n))
+
+    t = time.perf_counter()
+    for p in paths:
+        os.unlink(p)
+    res["unlink"] = n / (time.perf_counter() - t)
+    os.rmdir(d)
+    print(json.dumps(res))
+
+
+def cmd_copyup(args):
+    path = args[0]
+    with open(path, "rb") as f:  # read through the target: source cached, nothing dirty
+        while f.read(4 * MIB):
+            pass
+    os.sync()
+    t = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY)
+    os.pwrite(fd, b"x", 0)
+    os.fsync(fd)
+    os.close(fd)
+    dt = time.perf_counter() - t
+    with open(path, "rb") as f:
+        if f.read(1) != b"x":
+            raise SystemExit("copy-up: write not visible")
+    print("%.3f" % (dt * 1000))
+
+
+# workload key -> (label, unit, higher_is_better, DESIGN §10 target vs kernel overlayfs)
+WORKLOADS = [
+    ("seqread_first", "seq read 1 MiB, first (cold cache)", "MiB/s", True, 0.95),
+    ("seqread_again", "seq read 1 MiB, re-read", "MiB/s", True, 0.95),
+    ("seqwrite", "seq write 1 MiB (+fsync)", "MiB/s", True, 0.95),
+    ("randread", "rand read 4 KiB", "IOPS", True, 0.95),
+    ("randwrite", "rand write 4 KiB (+fsync)", "IOPS", True, 0.95),
+    ("meta_create", "create", "ops/s", True, 0.5),
+    ("meta_stat", "stat (cold)", "ops/s", True, 0.5),
+    ("meta_readdir", "readdir", "entries/s", True, 0.5),
+    ("meta_unlink", "unlink", "ops/s", True, 0.5),
+    ("copyup_ms", "copy-up: 1st write into 64 MiB lower file", "ms", False, 1.0),
+]
+
+
+def fmt(v):
+    if v is None:
+        return "n/a"
+    if v >= 1000:
+        return "{:,.0f}".format(v)
+    if v >= 10:
+        return "%.1f" % v
+    return "%.2f" % v
+
+
+def ratio(v, base, higher_better):
+    """Speed ratio target/base: > 1 means the target is faster, for every unit."""
+    if v is None or base is None or v == 0 or base == 0:
+        return None
+    return v / base if higher_better else base / v
+
+
+def cmd_report(args):
+    results_path, targets = args[0], args[1:]
+    res = {}
+    with open(results_path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3:
+                try:
+                    res[(parts[0], parts[1])] = float(parts[2])
+                except ValueError:
+                    pass
+    out = []
+    out.append("### Absolute figures\n")
+    out.append("| workload | unit | " + " | ".join(targets) + " |")
+    out.append("|---|---|" + "---:|" * len(targets))
+    for key, label, unit, _hb, _tgt in WORKLOADS:
+        out.append("| %s | %s | %s |" % (label, unit, " | ".join(fmt(res.get((t, key))) for t in targets)))
+
+    for base, title in (("overlayfs", "kernel overlayfs"), ("plain", "the plain directory")):
+        if base not in targets:
+            continue
+        others = [t for t in targets if t != base]
+        if not others:
+            continue
+        out.append("")
+        out.append("### Ratios vs %s (speed ratio: > 1.00 = faster; for ms it is %s time / target time)\n"
+                   % (title, base))
+        show_target = base == "overlayfs" and "layerfs" in others
+        head = "| workload | " + " | ".join(others) + (" | §10 target (layerfs) |" if show_target else " |")
+        out.append(head)
+        out.append("|---|" + "---:|" * len(others) + ("---|" if show_target else ""))
+        for key, label, unit, hb, tgt in WORKLOADS:
+            b = res.get((base, key))
+            cells = []
+            for t in others:
+                r = ratio(res.get((t, key)), b, hb)
+                if base == "plain" and key == "copyup_ms":
+                    cells.append("n/a")  # the plain dir has no lower: nothing is copied up
+                else:
+                    cells.append("n/a" if r is None else "%.2f" % r)
+            line = "| %s | %s |" % (label, " | ".join(cells))
+            if show_target:
+                r = ratio(res.get(("layerfs", key)), b, hb)
+                mark = "" if r is None else (" ✓" if r >= tgt else " ✗")
+                line += " ≥ %.2f%s |" % (tgt, mark)
+            out.append(line)
+    print("\n".join(out))
+
+
+def main():
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    cmd, args = sys.argv[1], sys.argv[2:]
+    fn = {"bytes": cmd_bytes, "mkdata": cmd_mkdata, "fio": cmd_fio, "meta": cmd_meta,
+          "copyup": cmd_copyup, "report": cmd_report}.get(cmd)
+    if fn is None:
+        raise SystemExit(__doc__)
+    fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# Benchmark layerfs against the plain directory, kernel overlayfs and fuse-overlayfs, in one run.
+# See benches/README.md.  Needs root, /dev/fuse, fio, fuse-overlayfs, fuse3, python3.
+#
+# Knobs (environment):
+#   SIZE=256M      file size for the fio jobs
+#   RUNTIME=10s    duration of the time-based random jobs
+#   FILES=10000    files in the metadata workload
+#   SCRATCH=/var/tmp/layerfs-bench   scratch area (a per-run subdir is created and removed)
+#   LAYERFS=target/release/layerfs   layerfs binary (built with cargo build --release if missing)
+#   TARGETS="plain overlayfs fuse-overlayfs layerfs"   which targets to run, in this order
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH_PY="$REPO/benches/bench.py"
+FIXTURE="$REPO/fixtures/remote"
+
+SIZE=${SIZE:-256M}
+RUNTIME=${RUNTIME:-10s}
+FILES=${FILES:-10000}
+SCRATCH=${SCRATCH:-/var/tmp/layerfs-bench}
+LAYERFS=${LAYERFS:-$REPO/target/release/layerfs}
+TARGETS=${TARGETS:-plain overlayfs fuse-overlayfs layerfs}
+COPYUP_SIZE=$((64 * 1024 * 1024))
+
+# The ready layer whose diff/ holds the read-side data (L4 of the fixture, see fixtures/README.md).
+DATA_LAYER=333f8831e3435930b5699467fad059661a5de8499f959caad268f212db4e8745
+REL="overlay/RO/$DATA_LAYER/diff/bench"
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf 'bench: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- arguments and prerequisites
+case "${1:-}" in
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) die "unknown argument '$1' (configure with environment variables, see --help)" ;;
+esac
+
+read -r -a TARGET_LIST <<<"$TARGETS"
+[ "${#TARGET_LIST[@]}" -gt 0 ] || die "TARGETS is empty"
+want() { local t; for t in "${TARGET_LIST[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }
+for t in "${TARGET_LIST[@]}"; do
+    case "$t" in plain|overlayfs|fuse-overlayfs|layerfs) ;;
+        *) die "unknown target '$t' in TARGETS (known: plain overlayfs fuse-overlayfs layerfs)" ;;
+    esac
+done
+[[ "$FILES" =~ ^[0-9]+$ && "$FILES" -gt 0 ]] || die "FILES must be a positive integer, got '$FILES'"
+[[ "$RUNTIME" =~ ^[0-9]+(ms|s|m)?$ ]] || die "RUNTIME must look like 10s, 30 or 1m, got '$RUNTIME'"
+
+missing=()
+[ "$(id -u)" -eq 0 ] || missing+=("root (run with sudo)")
+command -v python3 >/dev/null || missing+=("python3")
+command -v fio >/dev/null || missing+=("fio")
+if want fuse-overlayfs || want layerfs; then
+    [ -c /dev/fuse ] || missing+=("/dev/fuse (modprobe fuse)")
+    command -v fusermount3 >/dev/null || missing+=("fusermount3 (package fuse3)")
+fi
+want fuse-overlayfs && { command -v fuse-overlayfs >/dev/null || missing+=("fuse-overlayfs"); }
+if want overlayfs && ! grep -qw overlay /proc/filesystems; then
+    modprobe overlay 2>/dev/null || true
+    grep -qw overlay /proc/filesystems || missing+=("kernel overlayfs (modprobe overlay)")
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    msg=$(IFS=,; echo "${missing[*]}")
+    die "missing: ${msg//,/, }. Install with: apt-get install -y fio fuse-overlayfs fuse3"
+fi
+
+SIZE_BYTES=$(python3 "$BENCH_PY" bytes "$SIZE")
+[ "$SIZE_BYTES" -ge $((4 * 1024 * 1024)) ] || die "SIZE must be at least 4M, got '$SIZE'"
+[ -d "$FIXTURE/overlay/RO/$DATA_LAYER/diff" ] || die "fixture layer $DATA_LAYER not found under fixtures/remote"
+
+if want layerfs && [ ! -x "$LAYERFS" ]; then
+    if [ "$LAYERFS" = "$REPO/target/release/layerfs" ]; then
+        command -v cargo >/dev/null || die "layerfs binary missing and cargo not found (set LAYERFS, or drop layerfs from TARGETS)"
+        log "building layerfs: cargo build --release"
+        (cd "$REPO" && cargo build --release) >&2 \
+            || die "cargo build --release failed (set LAYERFS, or drop layerfs from TARGETS)"
+    fi
+    [ -x "$LAYERFS" ] || die "layerfs binary not found at $LAYERFS (set LAYERFS, or drop layerfs from TARGETS)"
+fi
+
+# ---------------------------------------------------------------- scratch area and cleanup
+case "$SCRATCH" in /|"") die "refusing SCRATCH='$SCRATCH'" ;; esac
+mkdir -p "$SCRATCH"
+SCRATCH=$(cd "$SCRATCH" && pwd -P)
+RUN=$(mktemp -d "$SCRATCH/run.XXXXXX")
+MOUNTS=()        # mountpoints we made and have not unmounted yet
+DAEMON_PIDS=()   # fuse daemons we started (pids), for the last-resort cleanup
+CACHES_DROPPED=1
+
+unmount_one() {
+    local mp=$1 i
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+        mountpoint -q "$mp" || return 0
+        umount "$mp" 2>/dev/null || fusermount3 -u "$mp" 2>/dev/null || true
+        mountpoint -q "$mp" || return 0
+        sleep 0.5
+    done
+    log "mount $mp busy: lazy unmount"
+    umount -l "$mp" 2>/dev/null || fusermount3 -uz "$mp" 2>/dev/null || true
+    ! mountpoint -q "$mp"
+}
+
+cleanup() {
+    local rc=$? i ok=1 pid
+    trap - EXIT INT TERM HUP
+    set +e
+    for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
+        unmount_one "${MOUNTS[$i]}" || { ok=0; log "could not unmount ${MOUNTS[$i]}"; }
+    done
+    MOUNTS=()
+    for pid in "${DAEMON_PIDS[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then sleep 1; kill "$pid" 2>/dev/null; fi
+    done
+    if [ "$ok" = 1 ]; then
+        # --one-file-system: never descend into a mount that is somehow still there
+        rm -rf --one-file-system "$RUN"
+        rmdir "$SCRATCH" 2>/dev/null
+    else
+        log "left $RUN in place because a mount could not be removed"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+forget_mount() {
+    local mp=$1 i keep=()
+    for i in "${MOUNTS[@]}"; do [ "$i" = "$mp" ] || keep+=("$i"); done
+    MOUNTS=("${keep[@]+"${keep[@]}"}")
+}
+
+drop_caches() {
+    sync
+    if ! echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+        [ "$CACHES_DROPPED" = 0 ] || log "warning: cannot write /proc/sys/vm/drop_caches; 'first read' and 'cold stat' run with warm caches"
+        CACHES_DROPPED=0
+    fi
+}
+
+# ---------------------------------------------------------------- test data
+# remote: a copy of the fixture storage root, with the read-side data inside a ready layer's diff/.
+# It is the lower dir of overlayfs and fuse-overlayfs and the --remote of layerfs (never written by
+# any of them).  plain: a plain copy of the same tree (written in place: it has no lower).
+log "preparing data in $RUN (SIZE=$SIZE, copy-up file 64M)"
+REMOTE="$RUN/remote"
+cp -a "$FIXTURE" "$REMOTE"
+mkdir -p "$REMOTE/$REL"
+python3 "$BENCH_PY" mkdata "$REMOTE/$REL/seqread.bin" "$SIZE_BYTES"
+python3 "$BENCH_PY" mkdata "$REMOTE/$REL/copyup.bin" "$COPYUP_SIZE"
+if want plain; then
+    cp -a "$REMOTE" "$RUN/plain"
+fi
+RESULTS="$RUN/results.txt"
+: >"$RESULTS"
+
+# ---------------------------------------------------------------- targets
+# remember the pid of the FUSE daemon serving MNT (its command line ends with MNT), so that
+# cleanup can stop it if it outlives its mount
+remember_daemon() {
+    local pid
+    pid=$(pgrep -n -f -- " $1\$" || true)
+    if [ -n "$pid" ]; then DAEMON_PIDS+=("$pid"); fi
+}
+
+# mount_target NAME: mount it (if it is a mount) and set ROOT to the root of the target, where
+# $REL and the write dirs live.  Not run in a subshell: MOUNTS must reach the cleanup trap.
+ROOT=
+mount_target() {
+    local t=$1 d="$RUN/$1" mnt i
+    mnt="$d/mnt"
+    case "$t" in
+    plain)
+        ROOT="$RUN/plain"
+        return 0
+        ;;
+    overlayfs)
+        mkdir -p "$d/upper" "$d/work" "$mnt"
+        MOUNTS+=("$mnt")
+        mount -t overlay overlay -o "lowerdir=$REMOTE,upperdir=$d/upper,workdir=$d/work" "$mnt" \
+            || die "kernel overlayfs mount failed (is $SCRATCH on a filesystem usable as an overlay upper dir? set SCRATCH)"
+        ;;
+    fuse-overlayfs)
+        mkdir -p "$d/upper" "$d/work" "$mnt"
+        MOUNTS+=("$mnt")
+        if ! fuse-overlayfs -o "lowerdir=$REMOTE,upperdir=$d/upper,workdir=$d/work" "$mnt" 2>"$d/mount.err"; then
+            cat "$d/mount.err" >&2
+            die "fuse-overlayfs mount failed"
+        fi
+        grep -v '^unknown argument ignored: lazytime$' "$d/mount.err" >&2 || true
+        remember_daemon "$mnt"
+        ;;
+    layerfs)
+        mkdir -p "$d/local" "$mnt"
+        MOUNTS+=("$mnt")
+        "$LAYERFS" mount --remote "$REMOTE" --local "$d/local" -o allow_other "$mnt" >&2 \
+            || die "layerfs mount failed: $LAYERFS mount --remote $REMOTE --local $d/local -o allow_other $mnt"
+        remember_daemon "$mnt"
+        ;;
+    esac
+    for i in $(seq 50); do mountpoint -q "$mnt" && break; sleep 0.1; done
+    mountpoint -q "$mnt" || die "$t: $mnt is not a mountpoint after mounting"
+    ROOT="$mnt"
+}
+
+unmount_target() {
+    local t=$1
+    local mnt="$RUN/$t/mnt"
+    [ "$t" = plain ] && return 0
+    unmount_one "$mnt" || die "could not unmount $mnt"
+    forget_mount "$mnt"
+}
+
+record() { echo "$1 $2 $3" >>"$RESULTS"; }
+
+# run_fio TARGET KEY KIND(read|write) FIELD(bw|iops) fio-args...
+run_fio() {
+    local t=$1 key=$2 kind=$3 field=$4 out bw iops
+    shift 4
+    out="$RUN/fio-$t-$key.json"
+    if ! fio --output-format=json --output="$out" --ioengine=psync --direct=0 --numjobs=1 \
+            --name="$key" "$@" >/dev/null 2>"$out.err"; then
+        cat "$out.err" >&2
+        die "$t: fio $key failed"
+    fi
+    read -r bw iops < <(python3 "$BENCH_PY" fio "$out" "$kind")
+    if [ "$field" = bw ]; then record "$t" "$key" "$bw"; log "$t $key: $bw MiB/s"
+    else record "$t" "$key" "$iops"; log "$t $key: $iops IOPS"; fi
+}
+
+bench_target() {
+    local t=$1 root wdir rfile meta
+    log "== $t"
+    mount_target "$t"
+    root=$ROOT
+    rfile="$root/$REL/seqread.bin"
+    [ -f "$rfile" ] || die "$t: read-side data not visible at $rfile"
+    wdir="$root/bench-write.$t"
+    mkdir "$wdir"
+
+    # sequential read of a file in the lower/remote: cold, then again with a warm cache
+    drop_caches
+    run_fio "$t" seqread_first read bw --filename="$rfile" --rw=read --bs=1M --size="$SIZE_BYTES" \
+        --readonly --invalidate=1
+    run_fio "$t" seqread_again read bw --filename="$rfile" --rw=read --bs=1M --size="$SIZE_BYTES" \
+        --readonly --invalidate=0
+    # random 4 KiB reads of the same (lower/remote) file
+    run_fio "$t" randread read iops --filename="$rfile" --rw=randread --bs=4k --size="$SIZE_BYTES" \
+        --readonly --invalidate=0 --time_based --runtime="$RUNTIME"
+    # sequential write of a new file, then random 4 KiB writes into it
+    sync
+    run_fio "$t" seqwrite write bw --filename="$wdir/seqwrite.bin" --rw=write --bs=1M \
+        --size="$SIZE_BYTES" --end_fsync=1
+    run_fio "$t" randwrite write iops --filename="$wdir/seqwrite.bin" --rw=randwrite --bs=4k \
+        --size="$SIZE_BYTES" --end_fsync=1 --invalidate=0 --time_based --runtime="$RUNTIME"
+    rm -f "$wdir/seqwrite.bin"
+    sync
+
+    # metadata
+    meta=$(python3 "$BENCH_PY" meta "$wdir/meta" "$FILES") || die "$t: metadata workload failed"
+    python3 - "$t" "$meta" >>"$RESULTS" <<'EOF'
+import json, sys
+t, m = sys.argv[1], json.loads(sys.argv[2])
+for k in ("create", "stat", "readdir", "unlink"):
+    print(t, "meta_" + k, "%.1f" % m[k])
+EOF
+    log "$t metadata: $meta"
+
+    # copy-up: first 1-byte write into a 64 MiB file of the lower/remote
+    local ms
+    ms=$(python3 "$BENCH_PY" copyup "$root/$REL/copyup.bin") || die "$t: copy-up workload failed"
+    record "$t" copyup_ms "$ms"
+    log "$t copy-up: $ms ms"
+
+    rm -rf "$wdir"
+    unmount_target "$t"
+}
+
+START=$(date +%s)
+for t in "${TARGET_LIST[@]}"; do
+    bench_target "$t"
+done
+ELAPSED=$(( $(date +%s) - START ))
+
+# ---------------------------------------------------------------- report
+fs_type=$(stat -f -c %T "$RUN")
+cpu_model=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || true)
+mem_gib=$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
+{
+    echo "## layerfs benchmark"
+    echo
+    echo "- kernel: $(uname -r) ($(uname -m)); CPUs: $(nproc) ${cpu_model:+($cpu_model)}; memory: ${mem_gib} GiB"
+    echo "- scratch filesystem: $fs_type; fio $(fio --version 2>/dev/null | sed 's/^fio-//')"
+    want fuse-overlayfs && echo "- fuse-overlayfs: $(fuse-overlayfs --version 2>/dev/null | sed -n 's/^fuse-overlayfs: *//p' | head -n1)"
+    want layerfs && echo "- layerfs: $("$LAYERFS" --version 2>/dev/null | head -n1 || echo unknown)"
+    echo "- SIZE=$SIZE RUNTIME=$RUNTIME FILES=$FILES TARGETS=\"${TARGET_LIST[*]}\"; ioengine=psync, direct=0, 1 job"
+    [ "$CACHES_DROPPED" = 1 ] || echo "- WARNING: caches could not be dropped: 'first read' and 'cold stat' were warm"
+    echo "- wall time: ${ELAPSED}s"
+    echo
+    python3 "$BENCH_PY" report "$RESULTS" "${TARGET_LIST[@]}"
+}

@@ -1,0 +1,326 @@
+//! Real mounts for tests: each [`Mount`] copies the shipped fixture remote tree into a temp
+//! dir, mounts layerfs over it with an empty local dir, and unmounts on drop, even when the
+//! test panics. Dropping also checks that the remote tree is byte-for-byte what it was.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_layerfs");
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `fixtures/expected.json`.
+pub fn expected() -> serde_json::Value {
+    let text = fs::read_to_string(repo().join("fixtures/expected.json")).expect("fixtures/expected.json");
+    serde_json::from_str(&text).expect("expected.json parses")
+}
+
+/// The id of a fixture object by its label (`L1`…`L5`, `imageA`…).
+pub fn id(label: &str) -> String {
+    expected()["labels"][label]
+        .as_str()
+        .unwrap_or_else(|| panic!("no fixture label {label}"))
+        .to_owned()
+}
+
+pub fn short(label: &str) -> String {
+    expected()["layer_shorts"][id(label)]
+        .as_str()
+        .unwrap_or_else(|| panic!("no short id for {label}"))
+        .to_owned()
+}
+
+/// How to mount.
+#[derive(Clone)]
+pub struct Options {
+    /// Extra `-o` options (comma-separated), on top of `allow_other`.
+    pub opts: String,
+    /// Extra command-line arguments before the mountpoint.
+    pub args: Vec<String>,
+    /// Run in the foreground (`-f`) as a child of the test; otherwise daemonize.
+    pub foreground: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            opts: String::new(),
+            args: Vec::new(),
+            foreground: true,
+        }
+    }
+}
+
+pub struct Mount {
+    pub dir: tempfile::TempDir,
+    pub remote: PathBuf,
+    pub local: PathBuf,
+    pub mnt: PathBuf,
+    child: Option<Child>,
+    remote_hash: String,
+    mounted: bool,
+}
+
+impl Mount {
+    /// The fixture remote, an empty local, default options.
+    pub fn new() -> Mount {
+        Mount::with(Options::default(), |_| {})
+    }
+
+    /// `prepare` may change the remote copy before mounting (its state then is the reference
+    /// the drop check compares with).
+    pub fn with(options: Options, prepare: impl FnOnce(&Path)) -> Mount {
+        let dir = tempfile::Builder::new().prefix("layerfs-test").tempdir().expect("tempdir");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let remote = dir.path().join("remote");
+        let local = dir.path().join("local");
+        let mnt = dir.path().join("mnt");
+        copy_tree(&repo().join("fixtures/remote"), &remote);
+        fs::create_dir(&local).unwrap();
+        fs::set_permissions(&local, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::create_dir(&mnt).unwrap();
+        prepare(&remote);
+        let remote_hash = tree_hash(&remote);
+        let mut m = Mount {
+            dir,
+            remote,
+            local,
+            mnt,
+            child: None,
+            remote_hash,
+            mounted: false,
+        };
+        m.mount(&options);
+        m
+    }
+
+    pub fn mount(&mut self, options: &Options) {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("mount")
+            .arg("--remote")
+            .arg(&self.remote)
+            .arg("--local")
+            .arg(&self.local)
+            .arg("-o")
+            .arg(format!("allow_other{}{}", if options.opts.is_empty() { "" } else { "," }, options.opts))
+            .args(&options.args);
+        if options.foreground {
+            cmd.arg("-f");
+        }
+        cmd.arg(&self.mnt).stdin(Stdio::null());
+        if options.foreground {
+            let child = cmd.spawn().expect("spawn layerfs");
+            self.child = Some(child);
+            wait_for_mount(&self.mnt, self.child.as_mut());
+        } else {
+            let out = cmd.output().expect("run layerfs");
+            assert!(out.status.success(), "layerfs mount failed: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(is_mounted(&self.mnt), "layerfs returned before the mount was live");
+        }
+        self.mounted = true;
+    }
+
+    /// Unmounts and waits for the daemon to exit.
+    pub fn unmount(&mut self) {
+        if !self.mounted {
+            return;
+        }
+        self.mounted = false;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg(&self.mnt).stderr(Stdio::null()).status();
+            if !is_mounted(&self.mnt) {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        assert!(status.success() || std::thread::panicking(), "layerfs exited with {status}");
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        panic!("layerfs did not exit after unmount");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Remounts with the same trees (what persists in local must come back).
+    pub fn remount(&mut self, options: &Options) {
+        self.unmount();
+        self.mount(options);
+    }
+
+    /// A path inside the mount.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// The `diff/` dir of a fixture layer, through the view.
+    pub fn diff(&self, label: &str) -> PathBuf {
+        self.mnt.join("overlay/RO").join(id(label)).join("diff")
+    }
+
+    /// The same, in local.
+    pub fn local_diff(&self, label: &str) -> PathBuf {
+        self.local.join("overlay/RO").join(id(label)).join("diff")
+    }
+
+    /// The same, in the remote copy.
+    pub fn remote_diff(&self, label: &str) -> PathBuf {
+        self.remote.join("overlay/RO").join(id(label)).join("diff")
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.unmount();
+        if !std::thread::panicking() {
+            assert_eq!(tree_hash(&self.remote), self.remote_hash, "the remote tree was modified");
+        }
+    }
+}
+
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    info.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+fn wait_for_mount(mnt: &Path, mut child: Option<&mut Child>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !is_mounted(mnt) {
+        if let Some(c) = child.as_deref_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                panic!("layerfs exited before mounting: {status}");
+            }
+        }
+        assert!(Instant::now() < deadline, "mount did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `cp -a`, keeping modes, links and times.
+pub fn copy_tree(from: &Path, to: &Path) {
+    let status = Command::new("cp").arg("-a").arg(from).arg(to).status().expect("cp");
+    assert!(status.success(), "cp -a {} {}", from.display(), to.display());
+}
+
+/// A digest of everything in a tree: names, types, modes, owners, sizes, contents, link
+/// targets and user xattrs. (Times are left out: reading a file may update its atime.)
+pub fn tree_hash(root: &Path) -> String {
+    let mut entries = BTreeMap::new();
+    walk(root, root, &mut entries);
+    let mut h = Sha256::new();
+    for (path, line) in entries {
+        h.update(path.as_bytes());
+        h.update(line.as_bytes());
+    }
+    format!("{:x}", h.finalize())
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+    let mut names: Vec<_> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    names.sort();
+    for path in names {
+        let meta = fs::symlink_metadata(&path).unwrap();
+        let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        let ft = meta.file_type();
+        let body = if ft.is_file() {
+            let mut data = Vec::new();
+            fs::File::open(&path).unwrap().read_to_end(&mut data).unwrap();
+            format!("{:x}", Sha256::digest(&data))
+        } else if ft.is_symlink() {
+            fs::read_link(&path).unwrap().to_string_lossy().into_owned()
+        } else {
+            String::new()
+        };
+        out.insert(
+            rel,
+            format!("{:o} {} {} {} {} {}", meta.mode(), meta.uid(), meta.gid(), meta.size(), meta.rdev(), body),
+        );
+        if ft.is_dir() {
+            walk(root, &path, out);
+        }
+    }
+}
+
+/// Runs `sh -c script` as an unprivileged user (uid/gid 65534), returning (status, stdout+stderr).
+pub fn sh_as_nobody(script: &str) -> (bool, String) {
+    use std::os::unix::process::CommandExt;
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("sh");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Names in a directory, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Names and `d_type`s of a directory, via readdir (not stat).
+pub fn dtypes(dir: &Path) -> BTreeMap<String, &'static str> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let ft = e.file_type().unwrap();
+            let t = if ft.is_dir() {
+                "dir"
+            } else if ft.is_symlink() {
+                "link"
+            } else if ft.is_file() {
+                "file"
+            } else {
+                "other"
+            };
+            (e.file_name().to_string_lossy().into_owned(), t)
+        })
+        .collect()
+}
+
+pub fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().expect("an OS error")
+}
+
+pub fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
