@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the whole test suite, FUSE mounts included. Needs root and /dev/fuse; installs the
+# Debian packages the tests use when they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "tests/run.sh: the tests mount filesystems; run as root (e.g. sudo $0)" >&2
+    exit 1
+fi
+
+missing=()
+command -v fusermount3 >/dev/null || missing+=(fuse3)
+command -v mount >/dev/null || missing+=(mount)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+[ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
+if [ ! -c /dev/fuse ]; then
+    echo "tests/run.sh: /dev/fuse is missing; FUSE tests cannot run here" >&2
+    exit 1
+fi
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --quiet -- -D warnings
+cargo test --workspace --all-targets
