@@ -1,13 +1,17 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use clap::error::ErrorKind;
 use clap::Parser;
 use layerfs::cli::{Cli, Command};
 use layerfs::daemon::{self, Readiness};
 use layerfs::MountConfig;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let result = match cli.command {
         Command::Mount(args) => args
             .into_config()
@@ -20,6 +24,35 @@ fn main() -> ExitCode {
             eprintln!("layerfs: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Parses the command line. Usage errors come out as one line naming the culprit, like the
+/// errors found later; `--help` and `--version` print and exit as usual.
+fn parse_cli() -> Result<Cli, ExitCode> {
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            eprintln!("layerfs: {}", one_line(&e.render().to_string()));
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// clap explains an error in paragraphs (the problem with its details, a tip, the usage);
+/// keeps the first on one line.
+fn one_line(text: &str) -> String {
+    let first = text.split("\n\n").next().unwrap_or(text);
+    let line = first.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.strip_prefix("error: ") {
+        Some(rest) => rest.to_owned(),
+        None => line,
     }
 }
 

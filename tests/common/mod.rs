@@ -23,7 +23,8 @@ pub fn repo() -> PathBuf {
 
 /// `fixtures/expected.json`.
 pub fn expected() -> serde_json::Value {
-    let text = fs::read_to_string(repo().join("fixtures/expected.json")).expect("fixtures/expected.json");
+    let text =
+        fs::read_to_string(repo().join("fixtures/expected.json")).expect("fixtures/expected.json");
     serde_json::from_str(&text).expect("expected.json parses")
 }
 
@@ -82,7 +83,10 @@ impl Mount {
     /// `prepare` may change the remote copy before mounting (its state then is the reference
     /// the drop check compares with).
     pub fn with(options: Options, prepare: impl FnOnce(&Path)) -> Mount {
-        let dir = tempfile::Builder::new().prefix("layerfs-test").tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("layerfs-test")
+            .tempdir()
+            .expect("tempdir");
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
         let remote = dir.path().join("remote");
         let local = dir.path().join("local");
@@ -114,7 +118,11 @@ impl Mount {
             .arg("--local")
             .arg(&self.local)
             .arg("-o")
-            .arg(format!("allow_other{}{}", if options.opts.is_empty() { "" } else { "," }, options.opts))
+            .arg(format!(
+                "allow_other{}{}",
+                if options.opts.is_empty() { "" } else { "," },
+                options.opts
+            ))
             .args(&options.args);
         if options.foreground {
             cmd.arg("-f");
@@ -126,8 +134,15 @@ impl Mount {
             wait_for_mount(&self.mnt, self.child.as_mut());
         } else {
             let out = cmd.output().expect("run layerfs");
-            assert!(out.status.success(), "layerfs mount failed: {}", String::from_utf8_lossy(&out.stderr));
-            assert!(is_mounted(&self.mnt), "layerfs returned before the mount was live");
+            assert!(
+                out.status.success(),
+                "layerfs mount failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                is_mounted(&self.mnt),
+                "layerfs returned before the mount was live"
+            );
         }
         self.mounted = true;
     }
@@ -140,7 +155,10 @@ impl Mount {
         self.mounted = false;
         let deadline = Instant::now() + Duration::from_secs(20);
         while is_mounted(&self.mnt) {
-            let _ = Command::new("umount").arg(&self.mnt).stderr(Stdio::null()).status();
+            let _ = Command::new("umount")
+                .arg(&self.mnt)
+                .stderr(Stdio::null())
+                .status();
             if !is_mounted(&self.mnt) {
                 break;
             }
@@ -155,10 +173,15 @@ impl Mount {
             loop {
                 match child.try_wait() {
                     Ok(Some(status)) => {
-                        assert!(status.success() || std::thread::panicking(), "layerfs exited with {status}");
+                        assert!(
+                            status.success() || std::thread::panicking(),
+                            "layerfs exited with {status}"
+                        );
                         break;
                     }
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
                     _ => {
                         let _ = child.kill();
                         let _ = child.wait();
@@ -200,7 +223,11 @@ impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();
         if !std::thread::panicking() {
-            assert_eq!(tree_hash(&self.remote), self.remote_hash, "the remote tree was modified");
+            assert_eq!(
+                tree_hash(&self.remote),
+                self.remote_hash,
+                "the remote tree was modified"
+            );
         }
     }
 }
@@ -210,7 +237,8 @@ pub fn is_mounted(path: &Path) -> bool {
         return false;
     };
     let want = path.to_string_lossy().replace(' ', "\\040");
-    info.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
 }
 
 fn wait_for_mount(mnt: &Path, mut child: Option<&mut Child>) {
@@ -228,8 +256,18 @@ fn wait_for_mount(mnt: &Path, mut child: Option<&mut Child>) {
 
 /// `cp -a`, keeping modes, links and times.
 pub fn copy_tree(from: &Path, to: &Path) {
-    let status = Command::new("cp").arg("-a").arg(from).arg(to).status().expect("cp");
-    assert!(status.success(), "cp -a {} {}", from.display(), to.display());
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp");
+    assert!(
+        status.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
+    );
 }
 
 /// A digest of everything in a tree: names, types, modes, owners, sizes, contents, link
@@ -246,15 +284,25 @@ pub fn tree_hash(root: &Path) -> String {
 }
 
 fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
-    let mut names: Vec<_> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     names.sort();
     for path in names {
         let meta = fs::symlink_metadata(&path).unwrap();
-        let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        let rel = path
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         let ft = meta.file_type();
         let body = if ft.is_file() {
             let mut data = Vec::new();
-            fs::File::open(&path).unwrap().read_to_end(&mut data).unwrap();
+            fs::File::open(&path)
+                .unwrap()
+                .read_to_end(&mut data)
+                .unwrap();
             format!("{:x}", Sha256::digest(&data))
         } else if ft.is_symlink() {
             fs::read_link(&path).unwrap().to_string_lossy().into_owned()
@@ -263,7 +311,15 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         };
         out.insert(
             rel,
-            format!("{:o} {} {} {} {} {}", meta.mode(), meta.uid(), meta.gid(), meta.size(), meta.rdev(), body),
+            format!(
+                "{:o} {} {} {} {} {}",
+                meta.mode(),
+                meta.uid(),
+                meta.gid(),
+                meta.size(),
+                meta.rdev(),
+                body
+            ),
         );
         if ft.is_dir() {
             walk(root, &path, out);
@@ -318,9 +374,188 @@ pub fn dtypes(dir: &Path) -> BTreeMap<String, &'static str> {
 }
 
 pub fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
-    r.expect_err("expected an error").raw_os_error().expect("an OS error")
+    r.expect_err("expected an error")
+        .raw_os_error()
+        .expect("an OS error")
 }
 
 pub fn os(s: &str) -> &OsStr {
     OsStr::new(s)
+}
+
+// ---- Helpers for the union-semantics tests ----
+
+fn c_path(path: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path without NUL")
+}
+
+/// `lgetxattr(2)` of one attribute (symlinks are not followed).
+pub fn xattr_get(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let (p, n) = (c_path(path), std::ffi::CString::new(name).unwrap());
+    let mut buf = vec![0u8; 65536];
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+/// `lsetxattr(2)` with no flags.
+pub fn xattr_set(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let (p, n) = (c_path(path), std::ffi::CString::new(name).unwrap());
+    let r = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `lremovexattr(2)`.
+pub fn xattr_remove(path: &Path, name: &str) -> std::io::Result<()> {
+    let (p, n) = (c_path(path), std::ffi::CString::new(name).unwrap());
+    if unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `llistxattr(2)`, names sorted.
+pub fn xattr_list(path: &Path) -> std::io::Result<Vec<String>> {
+    let p = c_path(path);
+    let mut buf = vec![0u8; 65536];
+    let r = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut v: Vec<String> = buf[..r as usize]
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Whether `path` (not followed) is an overlayfs whiteout: a 0/0 character device.
+pub fn is_whiteout(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == 0)
+}
+
+/// Drops the kernel's dentry, inode and page caches.
+pub fn drop_caches() {
+    fs::write("/proc/sys/vm/drop_caches", "3").expect("drop_caches");
+}
+
+/// From the remote copy `prepare` gets to the local dir of the same mount.
+pub fn local_beside(remote: &Path) -> PathBuf {
+    remote.parent().expect("remote has a parent").join("local")
+}
+
+// ---- Helpers for mounts over arbitrary trees (CLI and remote-safety tests) ----
+
+/// A foreground layerfs mount of `remote` and `local` at `mnt`, started as a child with extra
+/// `args` before the mountpoint. Unmounted (and the daemon reaped) on drop, even on panic.
+pub struct RawMount {
+    pub mnt: PathBuf,
+    child: Option<Child>,
+}
+
+impl RawMount {
+    pub fn start(remote: &Path, local: &Path, mnt: &Path, args: &[&str]) -> RawMount {
+        let child = Command::new(BIN)
+            .arg("mount")
+            .arg("--remote")
+            .arg(remote)
+            .arg("--local")
+            .arg(local)
+            .args(args)
+            .arg("-f")
+            .arg(mnt)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn layerfs");
+        let mut m = RawMount {
+            mnt: mnt.to_owned(),
+            child: Some(child),
+        };
+        wait_for_mount(mnt, m.child.as_mut());
+        m
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
+    }
+
+    /// Waits (bounded) for the daemon to exit by itself and returns its status.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("layerfs did not exit");
+                }
+            }
+        }
+    }
+
+    /// Unmounts with umount(8) and returns the daemon's exit status.
+    pub fn unmount(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while is_mounted(&self.mnt) {
+            let _ = Command::new("umount")
+                .arg(&self.mnt)
+                .stderr(Stdio::null())
+                .status();
+            if is_mounted(&self.mnt) {
+                assert!(
+                    Instant::now() < deadline,
+                    "umount {} keeps failing",
+                    self.mnt.display()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        self.wait()
+    }
+}
+
+impl Drop for RawMount {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount")
+                .arg(&self.mnt)
+                .stderr(Stdio::null())
+                .status();
+            if is_mounted(&self.mnt) {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

@@ -1,0 +1,292 @@
+//! The `layerfs mount` command line (DESIGN §2): daemon mode, startup errors, signals, help.
+
+mod common;
+
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Pids of live processes whose command line has `arg` as one of its arguments.
+fn processes_with_arg(arg: &Path) -> Vec<u32> {
+    let want = arg.as_os_str().as_encoded_bytes();
+    let mut pids = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        // A zombie's (or a vanished process's) command line reads empty.
+        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline.split(|b| *b == 0).any(|a| a == want) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Unmounts `mnt` on drop if a command that should have failed mounted it anyway.
+struct NoMountGuard(PathBuf);
+
+impl Drop for NoMountGuard {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// Fresh `remote` (a fixture copy), `local` and `mnt` dirs.
+struct Dirs {
+    tmp: tempfile::TempDir,
+    remote: PathBuf,
+    local: PathBuf,
+    mnt: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let tmp = tempfile::Builder::new()
+        .prefix("layerfs-cli")
+        .tempdir()
+        .unwrap();
+    let remote = tmp.path().join("remote");
+    copy_tree(&repo().join("fixtures/remote"), &remote);
+    let (local, mnt) = (tmp.path().join("local"), tmp.path().join("mnt"));
+    fs::create_dir(&local).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    Dirs {
+        tmp,
+        remote,
+        local,
+        mnt,
+    }
+}
+
+/// Runs `layerfs mount ARGS` in daemon mode (so that it returns whatever happens).
+fn run_mount(args: &[OsString], mnt: &Path) -> Output {
+    let _guard = (!is_mounted(mnt)).then(|| NoMountGuard(mnt.to_owned()));
+    Command::new(BIN)
+        .arg("mount")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run layerfs")
+}
+
+fn args(remote: &Path, local: &Path, mnt: &Path, extra: &[&str]) -> Vec<OsString> {
+    let mut v: Vec<OsString> = vec![
+        "--remote".into(),
+        remote.into(),
+        "--local".into(),
+        local.into(),
+    ];
+    v.extend(extra.iter().map(OsString::from));
+    v.push(mnt.into());
+    v
+}
+
+/// One line on stderr naming the problem, nothing on stdout, a failure status, no mount.
+fn assert_startup_error(out: &Output, mnt: &Path, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "succeeded: {stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "not one line: {stderr:?}"
+    );
+    assert!(stderr.starts_with("layerfs: "), "{stderr:?}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr:?}");
+    }
+    assert!(out.stdout.is_empty(), "stdout: {:?}", out.stdout);
+    assert!(!is_mounted(mnt), "mounted anyway");
+}
+
+#[test]
+fn daemon_mode_returns_once_live_and_exits_on_umount() {
+    // `Mount` asserts the mount is live as soon as the command has returned.
+    let mut m = Mount::with(
+        Options {
+            foreground: false,
+            ..Options::default()
+        },
+        |_| {},
+    );
+    assert_eq!(
+        names(&m.mnt),
+        vec!["overlay", "overlay-images", "overlay-layers"]
+    );
+    let pids = processes_with_arg(&m.mnt);
+    assert_eq!(pids.len(), 1, "daemons for the mount: {pids:?}");
+    // Detached: no terminal, no pipe to the command that started it.
+    for fd in 0..=2 {
+        assert_eq!(
+            fs::read_link(format!("/proc/{}/fd/{fd}", pids[0])).unwrap(),
+            Path::new("/dev/null"),
+            "fd {fd}"
+        );
+    }
+    m.unmount();
+    assert!(!is_mounted(&m.mnt));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !processes_with_arg(&m.mnt).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon outlived its mount: {:?}",
+            processes_with_arg(&m.mnt)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn missing_directories_are_startup_errors() {
+    let d = dirs();
+    let nope = d.tmp.path().join("nope");
+    let out = run_mount(&args(&nope, &d.local, &d.mnt, &[]), &d.mnt);
+    assert_startup_error(&out, &d.mnt, &["remote directory", "nope"]);
+    let out = run_mount(&args(&d.remote, &nope, &d.mnt, &[]), &d.mnt);
+    assert_startup_error(&out, &d.mnt, &["local directory", "nope"]);
+    let out = run_mount(&args(&d.remote, &d.local, &nope, &[]), &nope);
+    assert_startup_error(&out, &nope, &["mountpoint", "nope"]);
+    // A file is no directory either.
+    let file = d.tmp.path().join("file");
+    fs::write(&file, b"").unwrap();
+    let out = run_mount(&args(&d.remote, &d.local, &file, &[]), &file);
+    assert_startup_error(&out, &file, &["mountpoint", "not a directory"]);
+    // No local at all.
+    let out = run_mount(
+        &[
+            "--remote".into(),
+            d.remote.clone().into(),
+            d.mnt.clone().into(),
+        ],
+        &d.mnt,
+    );
+    assert_startup_error(&out, &d.mnt, &["local"]);
+}
+
+#[test]
+fn an_occupied_mountpoint_is_a_startup_error() {
+    let m = Mount::new();
+    let d = dirs();
+    let out = run_mount(&args(&d.remote, &d.local, &m.mnt, &[]), &m.mnt);
+    let count = || {
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mnt = m.mnt.to_str().unwrap().to_owned();
+        info.lines()
+            .filter(|l| l.split(' ').nth(4) == Some(mnt.as_str()))
+            .count()
+    };
+    if count() > 1 {
+        // Stacked a second mount on the first: take it off again before failing.
+        let _ = Command::new("umount").arg(&m.mnt).status();
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted twice: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+    assert!(stderr.contains("already mounted"), "{stderr:?}");
+    // The first mount is still the only one, and still serves.
+    assert_eq!(count(), 1);
+    assert!(fs::read_link(m.path("overlay").join(id("L1"))).is_ok());
+}
+
+#[test]
+fn bad_options_are_named_in_the_error() {
+    let d = dirs();
+    for (extra, needles) in [
+        (&["-o", "bogus_opt"][..], &["bogus_opt"][..]),
+        (&["-o", "allow_other,frobnicate=3"], &["frobnicate=3"]),
+        (&["-o", "link_style=sideways"], &["link_style=sideways"]),
+        (&["-o", "threads=0"], &["threads=0"]),
+        (&["--link-style", "sideways"], &["--link-style", "sideways"]),
+        (&["--driver", "../etc"], &["driver=../etc"]),
+        (&["--no-such-flag"], &["--no-such-flag"]),
+    ] {
+        let out = run_mount(&args(&d.remote, &d.local, &d.mnt, extra), &d.mnt);
+        assert_startup_error(&out, &d.mnt, needles);
+    }
+}
+
+#[test]
+fn overlapping_directories_are_refused() {
+    let d = dirs();
+    let inside = d.mnt.join("inside");
+    fs::create_dir(&inside).unwrap();
+    let out = run_mount(&args(&d.remote, &inside, &d.mnt, &[]), &d.mnt);
+    assert_startup_error(
+        &out,
+        &d.mnt,
+        &["local directory", "overlaps the mountpoint"],
+    );
+    let out = run_mount(&args(&inside, &d.local, &d.mnt, &[]), &d.mnt);
+    assert_startup_error(
+        &out,
+        &d.mnt,
+        &["remote directory", "overlaps the mountpoint"],
+    );
+    let in_remote = d.remote.join("overlay-containers");
+    let out = run_mount(&args(&d.remote, &in_remote, &d.mnt, &[]), &d.mnt);
+    assert_startup_error(&out, &d.mnt, &["overlaps the remote"]);
+    // The mountpoint dir was left alone.
+    assert_eq!(names(&d.mnt), vec!["inside"]);
+}
+
+#[test]
+fn signals_unmount_a_foreground_daemon_cleanly() {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let d = dirs();
+        let mut m = RawMount::start(&d.remote, &d.local, &d.mnt, &["-o", "allow_other"]);
+        assert!(fs::read_link(d.mnt.join("overlay").join(id("L1"))).is_ok());
+        // SAFETY: signalling our own child, which is still running.
+        assert_eq!(unsafe { libc::kill(m.pid() as libc::pid_t, signal) }, 0);
+        let status = m.wait();
+        assert!(status.success(), "signal {signal}: exited with {status}");
+        assert!(!is_mounted(&d.mnt), "signal {signal}: still mounted");
+        assert!(names(&d.mnt).is_empty());
+    }
+}
+
+#[test]
+fn help_lists_the_mount_options() {
+    let out = Command::new(BIN)
+        .args(["mount", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for item in [
+        "--remote",
+        "--local",
+        "--driver",
+        "--link-style",
+        "-f, --foreground",
+        "-o <OPTIONS>",
+        "local=DIR",
+        "remote=DIR",
+        "driver=NAME",
+        "link_style=STYLE",
+        "allow_other",
+        "allow_root",
+        "ro | rw",
+        "threads=N",
+        "passthrough | nopassthrough",
+        "entry_timeout=SECS",
+        "attr_timeout=SECS",
+        "log_file=PATH",
+        "fsname=NAME",
+        "default_permissions",
+    ] {
+        assert!(
+            help.contains(item),
+            "`mount --help` lacks {item:?}:\n{help}"
+        );
+    }
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("mount"));
+}

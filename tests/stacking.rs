@@ -1,0 +1,206 @@
+//! Kernel overlayfs stacked on the view, as iSulad mounts a container rootfs: the lower dirs
+//! are the view's `overlay/l/<short>` links of an image's layer chain.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A kernel overlayfs mount, unmounted on drop (before the view it stacks on).
+struct Overlay {
+    target: PathBuf,
+}
+
+impl Overlay {
+    fn mount(
+        lowers: &[PathBuf],
+        upper: &Path,
+        work: &Path,
+        target: &Path,
+    ) -> Result<Overlay, String> {
+        let lowerdir = lowers
+            .iter()
+            .map(|p| p.to_str().expect("a UTF-8 path").to_owned())
+            .collect::<Vec<_>>()
+            .join(":");
+        let out = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o"])
+            .arg(format!(
+                "lowerdir={lowerdir},upperdir={},workdir={}",
+                upper.display(),
+                work.display()
+            ))
+            .arg(target)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run mount");
+        if out.status.success() && is_mounted(target) {
+            Ok(Overlay {
+                target: target.to_owned(),
+            })
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while is_mounted(&self.target) {
+            let _ = Command::new("umount").arg(&self.target).status();
+            if Instant::now() > deadline {
+                let _ = Command::new("umount").arg("-l").arg(&self.target).status();
+                break;
+            }
+            if is_mounted(&self.target) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Image A's chain, top first, as `lowerdir` wants it: L4:L3:L2:L1 through `overlay/l/`.
+fn image_a_lowers(m: &Mount) -> Vec<PathBuf> {
+    ["L4", "L3", "L2", "L1"]
+        .iter()
+        .map(|l| m.path("overlay/l").join(short(l)))
+        .collect()
+}
+
+/// What image A's merged rootfs must show.
+fn check_merged_image_a(m: &Mount, merged: &Path) {
+    let remote = |label: &str, rel: &str| fs::read(m.remote_diff(label).join(rel)).unwrap();
+    let read = |rel: &str| fs::read(merged.join(rel)).unwrap();
+    assert_eq!(read("etc/hostname"), remote("L4", "etc/hostname"));
+    assert_eq!(read("etc/hostname"), b"fixture-app\n");
+    assert_eq!(read("etc/app.conf"), remote("L3", "etc/app.conf"));
+    assert_eq!(
+        read("opt/app/config.yaml"),
+        remote("L4", "opt/app/config.yaml")
+    );
+    assert_eq!(read("etc/os-release"), remote("L1", "etc/os-release"));
+    assert_eq!(
+        read("usr/share/doc/readme.txt"),
+        remote("L1", "usr/share/doc/readme.txt")
+    );
+    let app = names(&merged.join("opt/app"));
+    for name in ["README", "bin", "data", "config.yaml", "plugins", "VERSION"] {
+        assert!(
+            app.iter().any(|n| n == name),
+            "opt/app lacks {name}: {app:?}"
+        );
+    }
+    assert_eq!(
+        fs::read_link(merged.join("usr/local/bin/tool-link")).unwrap(),
+        Path::new("tool")
+    );
+}
+
+fn write_through(merged: &Path) {
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(merged.join("etc/os-release"))
+        .unwrap();
+    f.write_all(b"EXTRA=1\n").unwrap();
+    drop(f);
+    fs::write(merged.join("etc/hostname"), b"container\n").unwrap();
+    fs::write(merged.join("new-file"), b"new\n").unwrap();
+    fs::remove_file(merged.join("opt/app/README")).unwrap();
+}
+
+fn check_written(m: &Mount, merged: &Path, upper: &Path) {
+    let os_release = fs::read(m.remote_diff("L1").join("etc/os-release")).unwrap();
+    let mut want = os_release.clone();
+    want.extend_from_slice(b"EXTRA=1\n");
+    assert_eq!(fs::read(merged.join("etc/os-release")).unwrap(), want);
+    assert_eq!(fs::read(upper.join("etc/os-release")).unwrap(), want);
+    assert_eq!(
+        fs::read(upper.join("etc/hostname")).unwrap(),
+        b"container\n"
+    );
+    assert_eq!(fs::read(upper.join("new-file")).unwrap(), b"new\n");
+    assert!(is_whiteout(&upper.join("opt/app/README")));
+    assert!(fs::symlink_metadata(merged.join("opt/app/README")).is_err());
+    // The layers, as the view serves them, are untouched.
+    assert_eq!(
+        fs::read(m.diff("L1").join("etc/os-release")).unwrap(),
+        os_release
+    );
+    assert_eq!(
+        fs::read(m.diff("L4").join("etc/hostname")).unwrap(),
+        fs::read(m.remote_diff("L4").join("etc/hostname")).unwrap()
+    );
+    assert!(fs::metadata(m.diff("L2").join("opt/app/README")).is_ok());
+}
+
+#[test]
+fn overlayfs_over_the_short_links_shows_the_image() {
+    let m = Mount::new();
+    let scratch = tempfile::tempdir().unwrap();
+    let (upper, work, merged) = (
+        scratch.path().join("upper"),
+        scratch.path().join("work"),
+        scratch.path().join("merged"),
+    );
+    for d in [&upper, &work, &merged] {
+        fs::create_dir(d).unwrap();
+    }
+    {
+        let _ov = Overlay::mount(&image_a_lowers(&m), &upper, &work, &merged)
+            .unwrap_or_else(|e| panic!("overlayfs over the view: {e}"));
+        check_merged_image_a(&m, &merged);
+        write_through(&merged);
+        check_written(&m, &merged, &upper);
+    }
+    assert!(!is_mounted(&merged));
+    // Nothing of the container reached local either: the upper dir is outside the view.
+    assert!(fs::symlink_metadata(m.local_diff("L1").join("etc/os-release")).is_err());
+}
+
+/// iSulad puts a container's upper and work dirs in `overlay/<cid>/` of the same storage
+/// root, so here they are made through the view. Kernel overlayfs needs `O_TMPFILE` and
+/// `RENAME_WHITEOUT` from the upper filesystem (and older kernels refuse any FUSE upper);
+/// without them mount(2) fails with EINVAL ("upper fs missing required features" in the
+/// kernel log), which mount(8) reports as "wrong fs type". Where the kernel accepts it, the
+/// container's writes must land in local through the view.
+#[test]
+fn overlayfs_with_upper_dir_inside_the_view() {
+    let m = Mount::new();
+    let cid = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let home = m.path("overlay").join(cid);
+    fs::create_dir(&home).unwrap();
+    let (upper, work) = (home.join("diff"), home.join("work"));
+    fs::create_dir(&upper).unwrap();
+    fs::create_dir(&work).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let merged = scratch.path().join("merged");
+    fs::create_dir(&merged).unwrap();
+    match Overlay::mount(&image_a_lowers(&m), &upper, &work, &merged) {
+        Ok(ov) => {
+            check_merged_image_a(&m, &merged);
+            write_through(&merged);
+            check_written(&m, &merged, &upper);
+            drop(ov);
+            let local_upper = m.local.join("overlay").join(cid).join("diff");
+            assert_eq!(fs::read(local_upper.join("new-file")).unwrap(), b"new\n");
+        }
+        Err(stderr) => {
+            eprintln!("overlayfs refused an upper dir in the view: {stderr}");
+            assert!(!is_mounted(&merged));
+            assert!(
+                stderr.contains("Invalid argument") || stderr.contains("wrong fs type"),
+                "unexpected refusal: {stderr}"
+            );
+        }
+    }
+    // The dirs made through the view are ordinary local dirs.
+    assert!(fs::metadata(m.local.join("overlay").join(cid).join("work"))
+        .unwrap()
+        .is_dir());
+}
