@@ -17,6 +17,7 @@ fn main() -> ExitCode {
             .into_config()
             .map_err(anyhow::Error::from)
             .and_then(mount),
+        Command::Csi(args) => csi(args.into_config()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -72,9 +73,33 @@ fn mount(mut config: MountConfig) -> anyhow::Result<()> {
     Ok(result?)
 }
 
-fn init_logging(config: &MountConfig) {
+fn csi(config: layerfs::csi::Config) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    Ok(runtime.block_on(layerfs::csi::serve(config))?)
+}
+
+fn init_logging(config: &MountConfig) {
+    use tracing_subscriber::EnvFilter;
+    // A detached daemon without a log file keeps the terminal it returns to quiet: until
+    // it is ready only warnings reach stderr, and after that stderr is /dev/null.
+    let default = if config.foreground || config.log_file.is_some() {
+        "info"
+    } else {
+        "warn"
+    };
+    // fuser warns that its own unmount-on-drop failed after every external umount: the
+    // filesystem is already gone then, so that line says nothing.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default},fuser::session=error")));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match (&config.log_file, config.foreground) {
         (Some(path), _) => match std::fs::OpenOptions::new()

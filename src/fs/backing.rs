@@ -1,11 +1,14 @@
 //! Which I/O mode each open inode is in, and its passthrough backing file.
 //!
 //! The kernel allows one backing file per inode at a time and refuses to mix passthrough
-//! opens with page-cached ones on the same inode. So the first open of an inode decides:
-//! passthrough if the kernel offers it and accepts the file, cached otherwise; later opens
-//! of the same file share that mode and backing id. An open that needs another backing file
-//! (the inode was opened read-only on the remote copy, then copied up) goes through the
-//! daemon with direct I/O, which the kernel lets coexist with either mode.
+//! opens with page-cached ones on the same inode: while an inode has a backing file, every
+//! open of it must be a passthrough open with that same backing file, or it fails with
+//! `EIO`. So the first open of an inode decides: passthrough if the kernel offers it and
+//! accepts the file, cached otherwise; later opens of the same file share that mode and
+//! backing id. An open that needs another backing file (the inode was opened read-only on
+//! the remote copy, then copied up) names the inode's backing file but adds direct I/O,
+//! which makes the kernel send its reads and writes to the daemon (only `mmap` would use the
+//! backing file); it keeps the backing file in use like any other open.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,7 +35,8 @@ enum Slot {
 pub enum Grant {
     Passthrough(Arc<BackingId>),
     Cached,
-    Direct,
+    /// I/O through the daemon, under the inode's backing file of another layer.
+    Direct(Arc<BackingId>),
 }
 
 impl Grant {
@@ -40,7 +44,7 @@ impl Grant {
         match self {
             Grant::Passthrough(_) => IoMode::Passthrough,
             Grant::Cached => IoMode::Cached,
-            Grant::Direct => IoMode::Direct,
+            Grant::Direct(_) => IoMode::Direct,
         }
     }
 }
@@ -68,7 +72,10 @@ impl BackingTable {
                 *opens += 1;
                 Grant::Passthrough(id.clone())
             }
-            Some(Slot::Passthrough { .. }) => Grant::Direct,
+            Some(Slot::Passthrough { id, opens, .. }) => {
+                *opens += 1;
+                Grant::Direct(id.clone())
+            }
             Some(Slot::Cached { opens }) => {
                 *opens += 1;
                 Grant::Cached
@@ -99,10 +106,7 @@ impl BackingTable {
         }
     }
 
-    pub fn release(&self, ino: u64, mode: IoMode) {
-        if mode == IoMode::Direct {
-            return;
-        }
+    pub fn release(&self, ino: u64) {
         let mut slots = self.slots.lock();
         let done = match slots.get_mut(&ino) {
             Some(Slot::Passthrough { opens, .. }) | Some(Slot::Cached { opens }) => {
@@ -136,8 +140,8 @@ mod tests {
             t.acquire(5, Layer::Local, true, || panic!("mode is decided")),
             Grant::Cached
         ));
-        t.release(5, IoMode::Cached);
-        t.release(5, IoMode::Cached);
+        t.release(5);
+        t.release(5);
         assert!(t.slots.lock().is_empty());
     }
 
@@ -151,9 +155,9 @@ mod tests {
     }
 
     #[test]
-    fn direct_opens_do_not_touch_the_count() {
+    fn releasing_an_unknown_inode_is_harmless() {
         let t = BackingTable::default();
-        t.release(1, IoMode::Direct);
+        t.release(1);
         assert!(t.slots.lock().is_empty());
     }
 }

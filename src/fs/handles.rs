@@ -18,7 +18,8 @@ pub enum IoMode {
     /// Through the daemon, with the kernel's page cache.
     Cached,
     /// Through the daemon, bypassing the page cache: used when the inode is already in
-    /// passthrough mode on another backing file (a read-only open from before a copy-up).
+    /// passthrough mode on another backing file (a read-only open from before a copy-up);
+    /// the open still names that backing file, as the kernel requires.
     Direct,
 }
 

@@ -121,7 +121,7 @@ fn open_flags(grant: &Grant) -> FopenFlags {
     match grant {
         Grant::Passthrough(_) => FopenFlags::empty(),
         Grant::Cached => FopenFlags::FOPEN_KEEP_CACHE,
-        Grant::Direct => FopenFlags::FOPEN_DIRECT_IO,
+        Grant::Direct(_) => FopenFlags::FOPEN_DIRECT_IO,
     }
 }
 
@@ -337,8 +337,11 @@ impl Filesystem for LayerFs {
             mode: grant.mode(),
         }));
         match &grant {
-            Grant::Passthrough(id) => reply.opened_passthrough(FileHandle(fh), fopen, id),
-            _ => reply.opened(FileHandle(fh), fopen),
+            // The kernel wants every open of an inode with a backing file to name it.
+            Grant::Passthrough(id) | Grant::Direct(id) => {
+                reply.opened_passthrough(FileHandle(fh), fopen, id)
+            }
+            Grant::Cached => reply.opened(FileHandle(fh), fopen),
         }
     }
 
@@ -429,7 +432,7 @@ impl Filesystem for LayerFs {
     ) {
         if let Some(handle) = self.handles.remove(fh.0) {
             if let Some(file) = handle.as_file() {
-                self.backing.release(file.ino, file.mode);
+                self.backing.release(file.ino);
             }
         }
         reply.ok();
@@ -636,7 +639,7 @@ impl Filesystem for LayerFs {
         }));
         let attr = file_attr(&entry.stat);
         match &grant {
-            Grant::Passthrough(id) => reply.created_passthrough(
+            Grant::Passthrough(id) | Grant::Direct(id) => reply.created_passthrough(
                 &self.timeouts.attr,
                 &attr,
                 Generation(0),
@@ -644,7 +647,7 @@ impl Filesystem for LayerFs {
                 fopen,
                 id,
             ),
-            _ => reply.created(
+            Grant::Cached => reply.created(
                 &self.timeouts.attr,
                 &attr,
                 Generation(0),

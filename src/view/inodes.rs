@@ -1,7 +1,8 @@
 //! The inode table: which number the kernel knows each object by, and the live nodes.
 //!
 //! Numbers are handed out per *identity*: a local object is identified by its device and
-//! inode number, a remote one likewise in its own namespace, a synthesized one by its parent
+//! inode number, a remote one likewise in its own namespace (a remote file with more than one
+//! link by its parent and name, see [`Identity::RemoteName`]), a synthesized one by its parent
 //! and name. The identity map outlives the kernel's interest in a node, so an object keeps
 //! its number for the life of the mount (`stat` twice, an hour apart, agrees). A copy-up
 //! registers the new local identity under the number the remote one had; removing an
@@ -22,9 +23,26 @@ pub const ROOT_INO: u64 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Identity {
-    Local { dev: u64, ino: u64 },
-    Remote { dev: u64, ino: u64 },
-    Virtual { parent: u64, name: OsString },
+    Local {
+        dev: u64,
+        ino: u64,
+    },
+    Remote {
+        dev: u64,
+        ino: u64,
+    },
+    /// One name of a remote non-directory with several links. Copy-up gives each name its
+    /// own local file (overlayfs without `index` does the same), so each name must be its
+    /// own node from the start: a shared node would show one name's copy through the other
+    /// for as long as the kernel happens to cache it.
+    RemoteName {
+        parent: u64,
+        name: OsString,
+    },
+    Virtual {
+        parent: u64,
+        name: OsString,
+    },
 }
 
 #[derive(Debug)]

@@ -83,7 +83,17 @@ impl View {
                     continue;
                 }
                 seen.insert(e.name.clone());
-                let ino = self.inodes.number(Identity::Remote { dev, ino: e.ino });
+                // A remote file with several links is numbered per name once looked up
+                // (see `Identity::RemoteName`); telling them apart here would take a
+                // stat of every remote entry, so only a looked-up name's number is known.
+                let by_name = Identity::RemoteName {
+                    parent: ino,
+                    name: e.name.clone(),
+                };
+                let ino = match (e.kind, self.inodes.known(&by_name)) {
+                    (kind, Some(n)) if kind != Kind::Dir => n,
+                    _ => self.inodes.number(Identity::Remote { dev, ino: e.ino }),
+                };
                 out.push(ListEntry {
                     name: e.name,
                     kind: e.kind,

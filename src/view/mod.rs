@@ -225,7 +225,11 @@ impl View {
         let zone = self.layout.child_zone(parent.zone, name, &self.index());
         let (identity, kind, stat) = match &found {
             Found::Local { st } => (local_identity(st), Kind::from_mode(st.st_mode), Some(*st)),
-            Found::Remote { st } => (remote_identity(st), Kind::from_mode(st.st_mode), Some(*st)),
+            Found::Remote { st } => (
+                remote_identity(parent, name, st),
+                Kind::from_mode(st.st_mode),
+                Some(*st),
+            ),
             Found::VirtualDir => (virtual_identity(parent, name), Kind::Dir, None),
             Found::VirtualLink(_) => (virtual_identity(parent, name), Kind::Symlink, None),
         };
@@ -439,7 +443,13 @@ fn local_identity(st: &Stat) -> Identity {
     }
 }
 
-fn remote_identity(st: &Stat) -> Identity {
+fn remote_identity(parent: &Node, name: &OsStr, st: &Stat) -> Identity {
+    if st.st_nlink > 1 && Kind::from_mode(st.st_mode) != Kind::Dir {
+        return Identity::RemoteName {
+            parent: parent.ino,
+            name: name.to_owned(),
+        };
+    }
     Identity::Remote {
         dev: st.st_dev,
         ino: st.st_ino,
