@@ -20,6 +20,7 @@ mount options (-o a,b=c,...):
   allow_other          let every user use the mount (needed for containers)
   allow_root           let root use the mount too
   ro | rw              mount read-only or read-write [rw]
+  suid | dev           honour set-user-ID bits / device nodes in the view [nosuid,nodev]
   threads=N            threads serving requests [number of CPUs, at least 2]
   passthrough | nopassthrough
                        let the kernel do file I/O directly where it can [passthrough]
@@ -39,6 +40,8 @@ pub struct MountConfig {
     pub allow_other: bool,
     pub allow_root: bool,
     pub read_only: bool,
+    pub suid: bool,
+    pub dev: bool,
     pub foreground: bool,
     pub threads: usize,
     pub passthrough: bool,
@@ -59,6 +62,8 @@ impl Default for MountConfig {
             allow_other: false,
             allow_root: false,
             read_only: false,
+            suid: false,
+            dev: false,
             foreground: false,
             threads: std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
@@ -107,6 +112,10 @@ impl MountConfig {
             ("allow_root", None) => self.allow_root = true,
             ("ro", None) => self.read_only = true,
             ("rw", None) => self.read_only = false,
+            ("suid", None) => self.suid = true,
+            ("nosuid", None) => self.suid = false,
+            ("dev", None) => self.dev = true,
+            ("nodev", None) => self.dev = false,
             ("default_permissions", None) => {}
             ("passthrough", None) => self.passthrough = true,
             ("nopassthrough", None) => self.passthrough = false,
@@ -125,6 +134,10 @@ impl MountConfig {
                 | "allow_root"
                 | "ro"
                 | "rw"
+                | "suid"
+                | "nosuid"
+                | "dev"
+                | "nodev"
                 | "default_permissions"
                 | "passthrough"
                 | "nopassthrough",

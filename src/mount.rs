@@ -100,6 +100,18 @@ fn fuse_config(config: &MountConfig) -> Config {
     if config.read_only {
         options.push(MountOption::RO);
     }
+    // Like any FUSE mount, set-ID bits and device nodes are inert unless asked for. A
+    // container rootfs that overlayfs stacks on the view follows its own mount's flags.
+    options.push(if config.suid {
+        MountOption::Suid
+    } else {
+        MountOption::NoSuid
+    });
+    options.push(if config.dev {
+        MountOption::Dev
+    } else {
+        MountOption::NoDev
+    });
     let mut fuse = Config::default();
     fuse.mount_options = options;
     fuse.acl = if config.allow_other {

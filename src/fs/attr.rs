@@ -48,6 +48,13 @@ pub fn file_attr(st: &Stat) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: node id 0 tells the kernel the name does not exist.
+pub fn negative() -> FileAttr {
+    // SAFETY: `stat` is plain integers; all-zero is a valid value.
+    let st: Stat = unsafe { std::mem::zeroed() };
+    file_attr(&st)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

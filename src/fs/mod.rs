@@ -19,9 +19,9 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use nix::errno::Errno;
 use parking_lot::Mutex;
@@ -177,8 +177,18 @@ impl Filesystem for LayerFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let entry = tri!(reply, self.view.lookup(parent.0, name));
-        self.reply_entry(reply, &entry);
+        match self.view.lookup(parent.0, name) {
+            Ok(entry) => self.reply_entry(reply, &entry),
+            // A negative entry: the kernel remembers the name is absent. Names appear only
+            // through this daemon (which the kernel sees) or a refresh (which invalidates).
+            Err(Errno::ENOENT) if !self.timeouts.entry.is_zero() => reply.entry_with_ttls(
+                &self.timeouts.attr,
+                &self.timeouts.entry,
+                &attr::negative(),
+                Generation(0),
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -699,6 +709,22 @@ impl Filesystem for LayerFs {
         let res = unsafe { libc::lseek(file.fd.as_raw_fd(), offset as libc::off_t, whence) };
         let pos = tri!(reply, Errno::result(res));
         reply.offset(pos);
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // No ioctls are served: "not a terminal/not supported" is what callers probing
+        // for inode flags (overlayfs copy-up, chattr) expect to handle.
+        reply.error(fuser::Errno::from_i32(libc::ENOTTY));
     }
 
     fn copy_file_range(

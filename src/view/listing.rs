@@ -47,7 +47,7 @@ impl View {
                     continue;
                 }
                 seen.insert(e.name.clone());
-                if e.whiteout {
+                if e.whiteout && zone.has_below() {
                     continue;
                 }
                 let ino = self.inodes.number(Identity::Local { dev, ino: e.ino });

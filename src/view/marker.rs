@@ -14,6 +14,7 @@ use std::os::fd::BorrowedFd;
 use nix::errno::Errno;
 use nix::sys::stat::{Mode, SFlag};
 
+use super::{Stat, Zone};
 use crate::store::{self, xattr};
 
 /// Prefix of the temporary names copy-up uses in local; never visible in the view.
@@ -24,6 +25,11 @@ const PRIVATE_PREFIXES: [&[u8]; 2] = [b"trusted.overlay.", b"user.overlay."];
 
 pub fn is_temp_name(name: &[u8]) -> bool {
     name.starts_with(TEMP_PREFIX)
+}
+
+/// Whether a local entry, in a directory of `zone`, is one of our whiteouts.
+pub fn hides(zone: Zone, st: &Stat) -> bool {
+    zone.has_below() && store::is_whiteout(st)
 }
 
 /// Creates a whiteout for `name` in the local directory `dir`.

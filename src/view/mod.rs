@@ -93,6 +93,9 @@ impl View {
         virtual_base.st_mtime = now;
         virtual_base.st_ctime = now;
         virtual_base.st_atime = now;
+        virtual_base.st_mtime_nsec = 0;
+        virtual_base.st_ctime_nsec = 0;
+        virtual_base.st_atime_nsec = 0;
         let view = View {
             layout,
             index: RwLock::new(Arc::new(index)),
@@ -151,7 +154,7 @@ impl View {
         let fds = parent.dir_fds();
         if let Some(local) = fds.local() {
             match store::stat_at(local, c) {
-                Ok(st) if store::is_whiteout(&st) => return Err(Errno::ENOENT),
+                Ok(st) if marker::hides(parent.zone, &st) => return Err(Errno::ENOENT),
                 Ok(st) => return Ok(Found::Local { st }),
                 Err(Errno::ENOENT) => {}
                 Err(e) => return Err(e),

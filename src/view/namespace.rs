@@ -210,10 +210,14 @@ impl View {
         flags: u32,
     ) -> Result<(), Errno> {
         let flags = RenameFlags::from_bits(flags).ok_or(Errno::EINVAL)?;
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+        let parent = self.dir(parent)?;
+        // A whiteout left behind on request is an ordinary visible device node, which only
+        // directories with nothing below can hold (overlayfs asks this of its upper dir).
+        if flags.contains(RenameFlags::RENAME_WHITEOUT)
+            && (parent.zone.has_below() || flags.contains(RenameFlags::RENAME_EXCHANGE))
+        {
             return Err(Errno::EINVAL);
         }
-        let parent = self.dir(parent)?;
         let new_parent = self.dir(new_parent)?;
         let c = view_name(name)?;
         let new_c = view_name(new_name)?;
@@ -257,7 +261,7 @@ impl View {
             // A whiteout (or a remote-only target) leaves nothing in local to replace, or
             // a whiteout a directory cannot replace.
             if let Ok(st) = store::stat_at(dst_dir.as_fd(), &new_c) {
-                if store::is_whiteout(&st) {
+                if marker::hides(new_parent.zone, &st) {
                     nix::unistd::unlinkat(
                         dst_dir.as_fd(),
                         new_c.as_c_str(),
@@ -271,7 +275,10 @@ impl View {
         } else {
             store::stat_at(dst_dir.as_fd(), &new_c).ok()
         };
-        let mut how = flags & (RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_NOREPLACE);
+        let mut how = flags
+            & (RenameFlags::RENAME_EXCHANGE
+                | RenameFlags::RENAME_NOREPLACE
+                | RenameFlags::RENAME_WHITEOUT);
         if src_below && !exchange {
             how |= RenameFlags::RENAME_WHITEOUT;
         }
@@ -343,7 +350,7 @@ impl View {
         let fds = parent.dir_fds();
         if let Some(local) = fds.local() {
             if let Ok(st) = store::stat_at(local, c) {
-                if !store::is_whiteout(&st) {
+                if !marker::hides(parent.zone, &st) {
                     let how = if node.is_dir() {
                         UnlinkatFlags::RemoveDir
                     } else {
@@ -424,7 +431,7 @@ impl View {
         }
         let dir = self.ensure_local_dir(&parent)?;
         if let Ok(st) = store::stat_at(dir.as_fd(), &c) {
-            if store::is_whiteout(&st) {
+            if marker::hides(parent.zone, &st) {
                 nix::unistd::unlinkat(dir.as_fd(), c.as_c_str(), UnlinkatFlags::NoRemoveDir)?;
             }
         }

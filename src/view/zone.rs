@@ -160,6 +160,14 @@ impl Layout {
 }
 
 impl Zone {
+    /// Whether anything can show below local in directories of this zone (remote entries
+    /// or synthesized ones). Where nothing can, a 0/0 character device in local is not a
+    /// whiteout but an ordinary device node: a runtime's own overlayfs upper directory
+    /// (`<driver>/<container>/diff`) keeps its whiteouts there, visible, as it wrote them.
+    pub fn has_below(self) -> bool {
+        self != Zone::Private
+    }
+
     /// Whether directories of this zone merge remote entries at all.
     pub fn merges_remote(self) -> bool {
         !matches!(self, Zone::Links | Zone::Private)
