@@ -22,6 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// Mount the unified view of LOCAL over REMOTE at MOUNTPOINT.
     Mount(MountArgs),
+    /// Serve the CSI driver (volumes and BackingImage snapshots) on a unix socket.
+    Csi(CsiArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -80,5 +82,49 @@ impl MountArgs {
         config.foreground = self.foreground;
         config.mountpoint = self.mountpoint;
         Ok(config)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CsiArgs {
+    /// The gRPC endpoint: a unix socket, `unix:///path/csi.sock`.
+    #[arg(
+        long,
+        value_name = "ENDPOINT",
+        default_value = "unix:///run/layerfs/csi.sock"
+    )]
+    pub endpoint: String,
+    /// This node's name (Kubernetes passes the node name).
+    #[arg(long, value_name = "NAME")]
+    pub node_id: String,
+    /// The local store: volumes live in `<DIR>/volumes`.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/layerfs/csi")]
+    pub store: PathBuf,
+    /// Where BackingImages live; a directory every node shares makes them visible to all.
+    /// Default: `<store>/backing-images`.
+    #[arg(long, value_name = "DIR")]
+    pub backing_images: Option<PathBuf>,
+    /// The driver name reported to Kubernetes.
+    #[arg(long, value_name = "NAME", default_value = crate::csi::DRIVER_NAME)]
+    pub driver_name: String,
+    /// Seconds CreateVolume waits for a BackingImage being prepared before it answers ABORTED
+    /// (and the caller retries).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub image_wait: u64,
+}
+
+impl CsiArgs {
+    pub fn into_config(self) -> crate::csi::Config {
+        let backing_images = self
+            .backing_images
+            .unwrap_or_else(|| self.store.join("backing-images"));
+        crate::csi::Config {
+            endpoint: self.endpoint,
+            node_id: self.node_id,
+            driver_name: self.driver_name,
+            store: self.store,
+            backing_images,
+            image_wait: std::time::Duration::from_secs(self.image_wait),
+        }
     }
 }

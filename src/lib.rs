@@ -8,6 +8,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod csi;
 pub mod daemon;
 pub mod error;
 pub mod fs;

@@ -1,0 +1,526 @@
+//! BackingImages: image files in a directory that may be shared by every node, each with a
+//! state file, and the jobs that prepare them (export from a volume, download from a URL).
+//!
+//! Layout of the images directory:
+//! - `<name>.json`: the state file (source type and parameters, checksums, sizes, creation time,
+//!   progress, ready). It is created exclusively, so two nodes never both prepare one image.
+//! - `<name>.img`: the image file. It appears, by rename, only once complete and verified.
+//! - `.tmp-<node>-<name>-…`: work in progress; never read as an image.
+//!
+//! A job runs in the background. On success it renames the file into place and marks the state
+//! ready; on failure it removes the state and its temp file, and remembers the error so that
+//! the next call for that image reports it (nothing partial is left behind).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tonic::Code;
+
+use super::download;
+use super::error::{CsiError, Result};
+use super::export::{self, ImageInfo};
+use super::files::{self, read_json, write_json};
+use super::handle::{BiHandle, KEY_EXPORT_TYPE, KEY_VOLUME_NAME, SOURCE_EXPORT};
+use super::names::is_plain;
+
+/// Bytes done out of a total (0 when unknown).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Progress {
+    pub done: u64,
+    pub total: u64,
+}
+
+/// The state file of one BackingImage.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImageState {
+    pub name: String,
+    /// The CSI snapshot name it was created for (CreateSnapshot), if any.
+    #[serde(default)]
+    pub csi_name: Option<String>,
+    /// `export-from-volume` or `download`.
+    pub source_type: String,
+    /// The data-source parameters (`export-type` + `volume-name`, or `url`).
+    pub parameters: BTreeMap<String, String>,
+    #[serde(default)]
+    pub expected_checksum: Option<String>,
+    #[serde(default)]
+    pub current_checksum: Option<String>,
+    /// `raw` or `qcow2`, once known.
+    #[serde(default)]
+    pub format: Option<String>,
+    /// Size of the image file in bytes, once ready.
+    pub size: u64,
+    /// Size of the disk the image holds; for an export, known from the start.
+    pub virtual_size: u64,
+    /// Seconds since the epoch; set once, returned on every call.
+    pub created: i64,
+    pub progress: Progress,
+    pub ready: bool,
+    /// The node preparing (or that prepared) the image.
+    pub node: String,
+}
+
+impl ImageState {
+    /// The snapshot handle that names this image.
+    pub fn handle(&self) -> String {
+        let mut params = self.parameters.clone();
+        if self.source_type == SOURCE_EXPORT {
+            params.retain(|k, _| k == KEY_EXPORT_TYPE || k == KEY_VOLUME_NAME);
+        }
+        BiHandle {
+            image: self.name.clone(),
+            source_type: self.source_type.clone(),
+            checksum: self.expected_checksum.clone(),
+            params,
+        }
+        .encode()
+    }
+
+    /// The volume an exported image came from.
+    pub fn source_volume(&self) -> Option<&str> {
+        (self.source_type == SOURCE_EXPORT)
+            .then(|| self.parameters.get(KEY_VOLUME_NAME).map(String::as_str))
+            .flatten()
+    }
+}
+
+/// The images directory.
+pub struct ImageStore {
+    dir: PathBuf,
+}
+
+impl ImageStore {
+    pub fn open(dir: PathBuf) -> Result<ImageStore> {
+        fs::create_dir_all(&dir)
+            .map_err(|e| CsiError::io(format!("creating {}", dir.display()), e))?;
+        Ok(ImageStore { dir })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn state_path(&self, name: &str) -> Option<PathBuf> {
+        is_plain(name).then(|| self.dir.join(format!("{name}.json")))
+    }
+
+    /// The image file of `name` (present only once ready).
+    pub fn data_path(&self, name: &str) -> Option<PathBuf> {
+        is_plain(name).then(|| self.dir.join(format!("{name}.img")))
+    }
+
+    pub fn get(&self, name: &str) -> Result<Option<ImageState>> {
+        match self.state_path(name) {
+            Some(path) => read_json(&path),
+            None => Ok(None),
+        }
+    }
+
+    /// Creates the state file unless one exists; `false` if it did.
+    pub fn claim(&self, state: &ImageState) -> Result<bool> {
+        let path = self
+            .state_path(&state.name)
+            .ok_or_else(|| CsiError::InvalidArgument(format!("bad image name {:?}", state.name)))?;
+        let tmp = files::temp_path(&self.dir, &format!("{}-{}", state.node, state.name));
+        write_json(&tmp, state)?;
+        let result = fs::hard_link(&tmp, &path);
+        let _ = fs::remove_file(&tmp);
+        match result {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(CsiError::io(format!("creating {}", path.display()), e)),
+        }
+    }
+
+    pub fn save(&self, state: &ImageState) -> Result<()> {
+        let path = self
+            .state_path(&state.name)
+            .ok_or_else(|| CsiError::InvalidArgument(format!("bad image name {:?}", state.name)))?;
+        write_json(&path, state)
+    }
+
+    /// Removes the image file, then its state; missing parts are fine.
+    pub fn remove(&self, name: &str) -> Result<()> {
+        for path in [self.data_path(name), self.state_path(name)]
+            .into_iter()
+            .flatten()
+        {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(CsiError::io(format!("removing {}", path.display()), e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every image with a readable state file, sorted by name.
+    pub fn list(&self) -> Result<Vec<ImageState>> {
+        let entries = fs::read_dir(&self.dir)
+            .map_err(|e| CsiError::io(format!("listing {}", self.dir.display()), e))?;
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            let Some(name) = file.strip_suffix(".json") else {
+                continue;
+            };
+            if !is_plain(name) {
+                continue;
+            }
+            match self.get(name) {
+                Ok(Some(state)) => out.push(state),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(image = %name, error = %e, "skipping backing image"),
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// A temp file name for work on `name` by `node`.
+    pub fn temp(&self, node: &str, name: &str) -> PathBuf {
+        files::temp_path(&self.dir, &format!("{node}-{name}"))
+    }
+}
+
+/// A failure remembered for the next call, or handed to those waiting.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub code: Code,
+    pub message: String,
+}
+
+impl From<&CsiError> for Failure {
+    fn from(e: &CsiError) -> Failure {
+        Failure {
+            code: e.code(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<Failure> for CsiError {
+    fn from(f: Failure) -> CsiError {
+        match f.code {
+            Code::InvalidArgument => CsiError::InvalidArgument(f.message),
+            Code::NotFound => CsiError::NotFound(f.message),
+            Code::AlreadyExists => CsiError::AlreadyExists(f.message),
+            Code::FailedPrecondition => CsiError::FailedPrecondition(f.message),
+            Code::OutOfRange => CsiError::OutOfRange(f.message),
+            Code::Aborted => CsiError::Aborted(f.message),
+            Code::Unavailable => CsiError::Unavailable(f.message),
+            Code::ResourceExhausted => CsiError::ResourceExhausted(f.message),
+            _ => CsiError::Internal(f.message),
+        }
+    }
+}
+
+type Outcome = Option<std::result::Result<(), Failure>>;
+
+/// How waiting for an image ended.
+pub enum Wait {
+    Ready(Box<ImageState>),
+    Pending(Progress),
+}
+
+/// The images directory plus the jobs this node runs on it.
+pub struct Images {
+    pub store: ImageStore,
+    node: String,
+    jobs: Mutex<HashMap<String, watch::Receiver<Outcome>>>,
+    failures: Mutex<HashMap<String, Failure>>,
+    users: Mutex<HashMap<String, usize>>,
+}
+
+/// Marks an image as in use while alive (a volume is being created from it).
+pub struct UseGuard {
+    images: Arc<Images>,
+    name: String,
+}
+
+impl Drop for UseGuard {
+    fn drop(&mut self) {
+        let mut users = lock(&self.images.users);
+        if let Some(n) = users.get_mut(&self.name) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                users.remove(&self.name);
+            }
+        }
+    }
+}
+
+/// Removes a temp file when dropped, unless it was renamed into place.
+struct TempFile(Option<PathBuf>);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Images {
+    pub fn new(store: ImageStore, node: String) -> Images {
+        Images {
+            store,
+            node,
+            jobs: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+            users: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Whether this node runs a job for `name`.
+    pub fn running(&self, name: &str) -> bool {
+        lock(&self.jobs)
+            .get(name)
+            .map(|rx| rx.borrow().is_none())
+            .unwrap_or(false)
+    }
+
+    /// The error of the last failed job for `name`, once.
+    pub fn take_failure(&self, name: &str) -> Option<CsiError> {
+        lock(&self.failures).remove(name).map(CsiError::from)
+    }
+
+    pub fn in_use(&self, name: &str) -> bool {
+        lock(&self.users).get(name).copied().unwrap_or(0) > 0
+    }
+
+    pub fn acquire(self: &Arc<Self>, name: &str) -> UseGuard {
+        *lock(&self.users).entry(name.to_owned()).or_insert(0) += 1;
+        UseGuard {
+            images: Arc::clone(self),
+            name: name.to_owned(),
+        }
+    }
+
+    /// A state for a new image prepared by this node.
+    pub fn new_state(
+        &self,
+        name: &str,
+        source_type: &str,
+        parameters: BTreeMap<String, String>,
+    ) -> ImageState {
+        ImageState {
+            name: name.to_owned(),
+            csi_name: None,
+            source_type: source_type.to_owned(),
+            parameters,
+            expected_checksum: None,
+            current_checksum: None,
+            format: None,
+            size: 0,
+            virtual_size: 0,
+            created: files::now_secs(),
+            progress: Progress::default(),
+            ready: false,
+            node: self.node.clone(),
+        }
+    }
+
+    /// Whether a not-ready state was left by an earlier run of this node (its job is gone).
+    pub fn is_orphan(&self, state: &ImageState) -> bool {
+        !state.ready && state.node == self.node && !self.running(&state.name)
+    }
+
+    fn spawn<F>(self: &Arc<Self>, name: &str, job: F)
+    where
+        F: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
+        let (tx, rx) = watch::channel(None);
+        lock(&self.jobs).insert(name.to_owned(), rx);
+        lock(&self.failures).remove(name);
+        let images = Arc::clone(self);
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            let outcome = match job.await {
+                Ok(()) => {
+                    tracing::info!(image = %name, "backing image ready");
+                    Ok(())
+                }
+                Err(e) => {
+                    tracing::warn!(image = %name, error = %e, "backing image failed");
+                    if let Err(e) = images.store.remove(&name) {
+                        tracing::warn!(image = %name, error = %e, "cannot remove failed image");
+                    }
+                    let failure = Failure::from(&e);
+                    lock(&images.failures).insert(name.clone(), failure.clone());
+                    Err(failure)
+                }
+            };
+            lock(&images.jobs).remove(&name);
+            let _ = tx.send(Some(outcome));
+        });
+    }
+
+    /// Starts exporting `cut` (a raw point-in-time copy of a volume, removed afterwards) to the
+    /// image `state.name` in `export_type`.
+    pub fn start_export(self: &Arc<Self>, state: ImageState, cut: PathBuf, export_type: String) {
+        let images = Arc::clone(self);
+        let name = state.name.clone();
+        self.spawn(&name, async move {
+            let cut = TempFile(Some(cut));
+            let src = cut.0.clone().unwrap_or_default();
+            let tmp = TempFile(Some(images.store.temp(&images.node, &state.name)));
+            let dest = tmp.0.clone().unwrap_or_default();
+            tracing::info!(image = %state.name, export_type = %export_type, "exporting volume");
+            export::convert(&src, export::RAW, &dest, &export_type).await?;
+            drop(cut);
+            images.finish(&state.name, tmp).await
+        });
+    }
+
+    /// Starts downloading `url` into the image `state.name`.
+    pub fn start_download(self: &Arc<Self>, state: ImageState, url: url::Url) {
+        let images = Arc::clone(self);
+        let name = state.name.clone();
+        self.spawn(&name, async move {
+            let tmp = TempFile(Some(images.store.temp(&images.node, &state.name)));
+            let dest = tmp.0.clone().unwrap_or_default();
+            tracing::info!(image = %state.name, url = %url, "downloading backing image");
+            let worker = Arc::clone(&images);
+            let name = state.name.clone();
+            let got = tokio::task::spawn_blocking(move || {
+                let mut last_log = Instant::now();
+                let mut report = |done: u64, total: u64| {
+                    if last_log.elapsed() >= Duration::from_secs(10) {
+                        tracing::info!(image = %name, done, total, "downloading");
+                        last_log = Instant::now();
+                    }
+                    worker.set_progress(&name, done, total);
+                };
+                download::fetch(&url, &dest, &mut report)
+            })
+            .await
+            .map_err(|e| CsiError::Internal(format!("download task failed: {e}")))??;
+            if let Some(expected) = &state.expected_checksum {
+                if *expected != got.sha512 {
+                    return Err(CsiError::InvalidArgument(format!(
+                        "checksum mismatch for backing image {}: backingImageChecksum is {expected} \
+                         but the downloaded file's SHA-512 is {}; nothing was kept",
+                        state.name, got.sha512
+                    )));
+                }
+            }
+            images.finish(&state.name, tmp).await
+        });
+    }
+
+    fn set_progress(&self, name: &str, done: u64, total: u64) {
+        if let Ok(Some(mut state)) = self.store.get(name) {
+            state.progress = Progress { done, total };
+            if let Err(e) = self.store.save(&state) {
+                tracing::debug!(image = %name, error = %e, "cannot record progress");
+            }
+        }
+    }
+
+    /// Verifies a prepared file and moves it into place as the image `name`.
+    async fn finish(&self, name: &str, mut tmp: TempFile) -> Result<()> {
+        let path = tmp.0.clone().unwrap_or_default();
+        let ImageInfo {
+            format,
+            virtual_size,
+        } = export::probe(&path).await?;
+        let size = fs::metadata(&path)
+            .map_err(|e| CsiError::io(format!("image {name}"), e))?
+            .len();
+        let sum = export::sha512_file(&path).await?;
+        let Some(mut state) = self.store.get(name)? else {
+            return Err(CsiError::NotFound(format!(
+                "backing image {name} was deleted while being prepared"
+            )));
+        };
+        if let Some(expected) = &state.expected_checksum {
+            if *expected != sum {
+                return Err(CsiError::InvalidArgument(format!(
+                    "checksum mismatch for backing image {name}: backingImageChecksum is \
+                     {expected} but the image's SHA-512 is {sum}; nothing was kept"
+                )));
+            }
+        }
+        let data = self
+            .store
+            .data_path(name)
+            .ok_or_else(|| CsiError::InvalidArgument(format!("bad image name {name:?}")))?;
+        fs::rename(&path, &data).map_err(|e| CsiError::io(format!("storing image {name}"), e))?;
+        tmp.0 = None;
+        state.format = Some(format);
+        state.size = size;
+        state.virtual_size = virtual_size;
+        state.current_checksum = Some(sum);
+        state.progress = Progress {
+            done: size,
+            total: size,
+        };
+        state.ready = true;
+        self.store.save(&state)
+    }
+
+    /// Waits up to `timeout` for the image `name` to be ready.
+    pub async fn wait(&self, name: &str, timeout: Duration) -> Result<Wait> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let rx = lock(&self.jobs).get(name).cloned();
+        if let Some(mut rx) = rx {
+            let waited = tokio::time::timeout_at(deadline, rx.wait_for(|o| o.is_some())).await;
+            match waited {
+                Ok(Ok(outcome)) => {
+                    if let Some(Err(failure)) = outcome.clone() {
+                        lock(&self.failures).remove(name);
+                        return Err(failure.into());
+                    }
+                }
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    let progress = self
+                        .store
+                        .get(name)?
+                        .map(|s| s.progress)
+                        .unwrap_or_default();
+                    return Ok(Wait::Pending(progress));
+                }
+            }
+        }
+        // Prepared by another node, or finished: follow the state file.
+        loop {
+            if let Some(failure) = self.take_failure(name) {
+                return Err(failure);
+            }
+            match self.store.get(name)? {
+                Some(state) if state.ready => return Ok(Wait::Ready(Box::new(state))),
+                Some(state) => {
+                    if self.is_orphan(&state) {
+                        return Err(CsiError::Aborted(format!(
+                            "backing image {name} was left incomplete by an earlier run; retry"
+                        )));
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        return Ok(Wait::Pending(state.progress));
+                    }
+                }
+                None => {
+                    return Err(CsiError::NotFound(format!(
+                        "backing image {name} does not exist"
+                    )))
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}

@@ -1,0 +1,834 @@
+//! The CSI Controller service: volumes, and snapshots that are BackingImages.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::backing_image::{ImageState, Wait};
+use super::error::{CsiError, Result};
+use super::export::{self, check_checksum, check_export_type};
+use super::handle::{
+    BiHandle, KEY_EXPORT_TYPE, KEY_URL, KEY_VOLUME_NAME, SOURCE_DOWNLOAD, SOURCE_EXPORT,
+};
+use super::names::disk_name;
+use super::proto::controller_server::Controller;
+use super::proto::controller_service_capability::{rpc, Rpc, Type as CapType};
+use super::proto::volume_capability::access_mode::Mode;
+use super::proto::volume_capability::AccessType;
+use super::proto::volume_content_source::{SnapshotSource, Type as SourceType};
+use super::proto::*;
+use super::volumes::VolumeMeta;
+use super::{download, files, Driver};
+
+/// Capacities are rounded up to this.
+const ALIGN: u64 = 1 << 20;
+/// The capacity of a new empty volume when none is asked for.
+const DEFAULT_CAPACITY: u64 = 1 << 30;
+
+pub struct ControllerService(pub Arc<Driver>);
+
+/// Whether the driver can serve `cap`; `Err` says why not.
+pub fn check_capability(cap: &VolumeCapability) -> std::result::Result<(), String> {
+    match &cap.access_type {
+        Some(AccessType::Block(_)) => {}
+        Some(AccessType::Mount(m)) => {
+            if !(m.fs_type.is_empty() || m.fs_type == "ext4") {
+                return Err(format!(
+                    "filesystem {:?} is not supported; use ext4",
+                    m.fs_type
+                ));
+            }
+        }
+        None => return Err("the capability has neither block nor mount access".into()),
+    }
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .map(|m| m.mode)
+        .unwrap_or(Mode::Unknown as i32);
+    match Mode::try_from(mode) {
+        Ok(Mode::SingleNodeWriter)
+        | Ok(Mode::SingleNodeReaderOnly)
+        | Ok(Mode::SingleNodeSingleWriter) => Ok(()),
+        _ => Err(format!(
+            "access mode {} is not supported: volumes live on one node",
+            Mode::try_from(mode)
+                .map(|m| m.as_str_name().to_owned())
+                .unwrap_or_else(|_| mode.to_string())
+        )),
+    }
+}
+
+fn round_up(bytes: u64) -> u64 {
+    bytes.div_ceil(ALIGN).saturating_mul(ALIGN)
+}
+
+/// `(required, limit)` of a capacity range, checked.
+fn capacity_range(range: Option<&CapacityRange>) -> Result<(u64, u64)> {
+    let Some(range) = range else {
+        return Ok((0, 0));
+    };
+    let required = u64::try_from(range.required_bytes)
+        .map_err(|_| CsiError::OutOfRange("required_bytes is negative".into()))?;
+    let limit = u64::try_from(range.limit_bytes)
+        .map_err(|_| CsiError::OutOfRange("limit_bytes is negative".into()))?;
+    if limit != 0 && required > limit {
+        return Err(CsiError::OutOfRange(format!(
+            "required_bytes {required} is above limit_bytes {limit}"
+        )));
+    }
+    Ok((required, limit))
+}
+
+/// Fits `wanted` bytes (rounded up) under `limit`.
+fn fit(wanted: u64, limit: u64) -> Result<u64> {
+    let rounded = round_up(wanted.max(1));
+    if limit == 0 || rounded <= limit {
+        Ok(rounded)
+    } else if wanted <= limit {
+        Ok(limit)
+    } else {
+        Err(CsiError::OutOfRange(format!(
+            "a volume of {wanted} bytes does not fit limit_bytes {limit}"
+        )))
+    }
+}
+
+fn timestamp(secs: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: secs,
+        nanos: 0,
+    }
+}
+
+fn snapshot_of(state: &ImageState, snapshot_id: String) -> Snapshot {
+    Snapshot {
+        size_bytes: i64::try_from(state.virtual_size).unwrap_or(i64::MAX),
+        snapshot_id,
+        source_volume_id: state.source_volume().unwrap_or_default().to_owned(),
+        creation_time: Some(timestamp(state.created)),
+        ready_to_use: state.ready,
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// The page of `items` that starts at `token` with at most `max` entries, and the next token.
+fn page<T>(items: Vec<T>, max: i32, token: &str) -> Result<(Vec<T>, String)> {
+    if max < 0 {
+        return Err(CsiError::InvalidArgument("max_entries is negative".into()));
+    }
+    let start = if token.is_empty() {
+        0
+    } else {
+        token
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n <= items.len())
+            .ok_or_else(|| CsiError::Aborted(format!("invalid starting_token {token:?}")))?
+    };
+    let max = if max == 0 { usize::MAX } else { max as usize };
+    let total = items.len();
+    let entries: Vec<T> = items.into_iter().skip(start).take(max).collect();
+    let end = start + entries.len();
+    let next = if end < total {
+        end.to_string()
+    } else {
+        String::new()
+    };
+    Ok((entries, next))
+}
+
+impl ControllerService {
+    fn volume_response(&self, meta: &VolumeMeta, capacity: u64) -> Volume {
+        let mut context: std::collections::HashMap<String, String> =
+            meta.parameters.clone().into_iter().collect();
+        if let Some(image) = &meta.backing_image {
+            context.insert("backingImage".into(), image.clone());
+        }
+        Volume {
+            capacity_bytes: i64::try_from(capacity).unwrap_or(i64::MAX),
+            volume_id: meta.id.clone(),
+            volume_context: context,
+            content_source: meta.content_source.as_ref().map(|id| VolumeContentSource {
+                r#type: Some(SourceType::Snapshot(SnapshotSource {
+                    snapshot_id: id.clone(),
+                })),
+            }),
+            accessible_topology: vec![self.0.topology()],
+        }
+    }
+
+    async fn create_volume(&self, req: CreateVolumeRequest) -> Result<Volume> {
+        let id = disk_name("volume", &req.name)?;
+        if req.volume_capabilities.is_empty() {
+            return Err(CsiError::InvalidArgument(
+                "volume_capabilities are required".into(),
+            ));
+        }
+        for cap in &req.volume_capabilities {
+            check_capability(cap).map_err(CsiError::InvalidArgument)?;
+        }
+        let (required, limit) = capacity_range(req.capacity_range.as_ref())?;
+        let snapshot_id =
+            match req
+                .volume_content_source
+                .as_ref()
+                .and_then(|s| s.r#type.as_ref())
+            {
+                None => None,
+                Some(SourceType::Snapshot(s)) => Some(s.snapshot_id.clone()),
+                Some(SourceType::Volume(_)) => return Err(CsiError::InvalidArgument(
+                    "cloning from a volume is not supported; snapshot it (type bi) and restore \
+                     from the snapshot"
+                        .into(),
+                )),
+            };
+        let parameters: BTreeMap<String, String> = req.parameters.clone().into_iter().collect();
+        let meta = VolumeMeta {
+            id: id.clone(),
+            name: req.name.clone(),
+            requested: required,
+            parameters,
+            content_source: snapshot_id.clone(),
+            backing_image: None,
+            created: files::now_secs(),
+        };
+        {
+            let _guard = self.0.controller_lock.lock().await;
+            if let Some(existing) = self.existing_volume(&meta, limit)? {
+                return Ok(existing);
+            }
+            if snapshot_id.is_none() {
+                let capacity = fit(
+                    if required == 0 {
+                        DEFAULT_CAPACITY
+                    } else {
+                        required
+                    },
+                    limit,
+                )?;
+                let staging = self.0.volumes.stage(&id)?;
+                self.0.volumes.commit(staging, &meta, capacity)?;
+                tracing::info!(volume = %id, capacity, "created volume");
+                return Ok(self.volume_response(&meta, capacity));
+            }
+        }
+        let snapshot_id = snapshot_id.unwrap_or_default();
+        self.restore_volume(meta, &snapshot_id, required, limit)
+            .await
+    }
+
+    /// The response for a volume that already exists under this name, or `ALREADY_EXISTS`
+    /// when it differs from what is asked.
+    fn existing_volume(&self, meta: &VolumeMeta, limit: u64) -> Result<Option<Volume>> {
+        let Some(existing) = self.0.volumes.get(&meta.id)? else {
+            return Ok(None);
+        };
+        let capacity = self.0.volumes.capacity(&meta.id)?;
+        let same = existing.name == meta.name
+            && round_up(existing.requested) == round_up(meta.requested)
+            && existing.content_source == meta.content_source
+            && existing.parameters == meta.parameters
+            && (limit == 0 || capacity <= limit);
+        if !same {
+            return Err(CsiError::AlreadyExists(format!(
+                "volume {:?} already exists with a different capacity ({capacity} bytes), content \
+                 source or parameters",
+                meta.name
+            )));
+        }
+        Ok(Some(self.volume_response(&existing, capacity)))
+    }
+
+    /// CreateVolume from a `bi://` snapshot: prepares the BackingImage if needed, then copies it
+    /// into a new raw volume grown to the requested capacity.
+    async fn restore_volume(
+        &self,
+        mut meta: VolumeMeta,
+        snapshot_id: &str,
+        required: u64,
+        limit: u64,
+    ) -> Result<Volume> {
+        let handle = BiHandle::decode(snapshot_id)?;
+        let image = disk_name("backing image", &handle.image)?;
+        let checksum = handle.checksum.as_deref().map(check_checksum).transpose()?;
+        let _use = {
+            let _guard = self.0.controller_lock.lock().await;
+            self.ensure_image(&image, &handle, checksum.as_deref())
+                .await?;
+            self.0.images.acquire(&image)
+        };
+        let state = match self.0.images.wait(&image, self.0.config.image_wait).await? {
+            Wait::Ready(state) => state,
+            Wait::Pending(p) => {
+                return Err(CsiError::Aborted(format!(
+                    "backing image {image} is still being prepared ({} of {} bytes); retry later",
+                    p.done, p.total
+                )))
+            }
+        };
+        let _guard = self.0.controller_lock.lock().await;
+        if let Some(existing) = self.existing_volume(&meta, limit)? {
+            return Ok(existing);
+        }
+        let capacity = fit(
+            if required == 0 {
+                state.virtual_size
+            } else {
+                required
+            },
+            limit,
+        )?;
+        if capacity < state.virtual_size {
+            return Err(CsiError::OutOfRange(format!(
+                "requested capacity {capacity} bytes is smaller than backing image {image} \
+                 ({} bytes)",
+                state.virtual_size
+            )));
+        }
+        let data =
+            self.0.images.store.data_path(&image).ok_or_else(|| {
+                CsiError::NotFound(format!("backing image {image} does not exist"))
+            })?;
+        let format = state
+            .format
+            .clone()
+            .unwrap_or_else(|| export::RAW.to_owned());
+        let staging = self.0.volumes.stage(&meta.id)?;
+        export::convert(&data, &format, &staging.disk(), export::RAW).await?;
+        meta.backing_image = Some(image.clone());
+        self.0.volumes.commit(staging, &meta, capacity)?;
+        tracing::info!(volume = %meta.id, image = %image, capacity, "restored volume");
+        Ok(self.volume_response(&meta, capacity))
+    }
+
+    /// Makes sure the BackingImage a handle names exists or is being prepared, and matches the
+    /// handle.
+    async fn ensure_image(
+        &self,
+        image: &str,
+        handle: &BiHandle,
+        checksum: Option<&str>,
+    ) -> Result<()> {
+        let images = &self.0.images;
+        if let Some(state) = images.store.get(image)? {
+            if images.is_orphan(&state) {
+                images.store.remove(image)?;
+            } else {
+                return check_matches(&state, handle, checksum);
+            }
+        }
+        if let Some(failure) = images.take_failure(image) {
+            return Err(failure);
+        }
+        match handle.source_type.as_str() {
+            SOURCE_DOWNLOAD => {
+                let raw = handle.params.get(KEY_URL).cloned().unwrap_or_default();
+                if raw.is_empty() {
+                    return Err(CsiError::InvalidArgument(format!(
+                        "bi:// handle for a download of {image} has no url"
+                    )));
+                }
+                let url = download::check_url(&raw)?;
+                let mut state = images.new_state(image, SOURCE_DOWNLOAD, handle.params.clone());
+                state.expected_checksum = checksum.map(str::to_owned);
+                if images.store.claim(&state)? {
+                    images.start_download(state, url);
+                }
+                Ok(())
+            }
+            SOURCE_EXPORT => {
+                let export_type = handle
+                    .params
+                    .get(KEY_EXPORT_TYPE)
+                    .cloned()
+                    .unwrap_or_default();
+                let volume = handle
+                    .params
+                    .get(KEY_VOLUME_NAME)
+                    .cloned()
+                    .unwrap_or_default();
+                if export_type.is_empty() || volume.is_empty() {
+                    return Err(CsiError::InvalidArgument(format!(
+                        "bi:// handle for an export of {image} needs export-type and volume-name"
+                    )));
+                }
+                check_export_type(&export_type)?;
+                let mut state = images.new_state(image, SOURCE_EXPORT, handle.params.clone());
+                state.expected_checksum = checksum.map(str::to_owned);
+                self.start_export(state, &volume, &export_type)
+                    .await
+                    .map(|_| ())
+            }
+            "upload" => Err(CsiError::InvalidArgument(
+                "backing image data source type upload is not supported via CSI".into(),
+            )),
+            other => Err(CsiError::InvalidArgument(format!(
+                "backing image data source type {other:?} is not supported; use download or \
+                 export-from-volume"
+            ))),
+        }
+    }
+
+    /// Cuts the volume and starts exporting it into the image `state.name`. The state is
+    /// claimed first; if another one exists already, that one is returned instead.
+    async fn start_export(
+        &self,
+        mut state: ImageState,
+        volume: &str,
+        export_type: &str,
+    ) -> Result<ImageState> {
+        let volume_id = disk_name("volume", volume)
+            .map_err(|_| CsiError::NotFound(format!("source volume {volume:?} does not exist")))?;
+        if self.0.volumes.get(&volume_id)?.is_none() {
+            return Err(CsiError::NotFound(format!(
+                "source volume {volume:?} does not exist"
+            )));
+        }
+        let disk = self.0.volumes.disk(&volume_id).ok_or_else(|| {
+            CsiError::NotFound(format!("source volume {volume:?} does not exist"))
+        })?;
+        state.virtual_size = self.0.volumes.capacity(&volume_id)?;
+        state.progress.total = state.virtual_size;
+        let images = &self.0.images;
+        if !images.store.claim(&state)? {
+            return images.store.get(&state.name)?.ok_or_else(|| {
+                CsiError::Aborted(format!("backing image {} is changing; retry", state.name))
+            });
+        }
+        let cut = files::temp_path(self.0.volumes.root(), &format!("export-{}", state.name));
+        if let Err(e) = export::cut(&disk, &cut).await {
+            let _ = std::fs::remove_file(&cut);
+            images.store.remove(&state.name)?;
+            return Err(e);
+        }
+        images.start_export(state.clone(), cut, export_type.to_owned());
+        Ok(state)
+    }
+
+    async fn create_snapshot(&self, req: CreateSnapshotRequest) -> Result<Snapshot> {
+        let params = &req.parameters;
+        match params.get("type").map(String::as_str).unwrap_or("bi") {
+            "bi" | "" => {}
+            kind @ ("snap" | "bak" | "bs") => {
+                return Err(CsiError::InvalidArgument(format!(
+                    "snapshot type {kind:?} is Longhorn's; layerfs makes only type bi \
+                     (BackingImage) snapshots"
+                )))
+            }
+            other => {
+                return Err(CsiError::InvalidArgument(format!(
+                    "unknown snapshot type {other:?}; layerfs supports type bi"
+                )))
+            }
+        }
+        let export_type = params
+            .get("exportType")
+            .or_else(|| params.get("export-type"))
+            .map(String::as_str)
+            .unwrap_or(export::RAW)
+            .to_owned();
+        check_export_type(&export_type)?;
+        if req.source_volume_id.is_empty() {
+            return Err(CsiError::InvalidArgument(
+                "source_volume_id is required".into(),
+            ));
+        }
+        let image = disk_name("snapshot", &req.name)?;
+        let _guard = self.0.controller_lock.lock().await;
+        let volume_id = disk_name("volume", &req.source_volume_id).map_err(|_| {
+            CsiError::NotFound(format!(
+                "source volume {:?} does not exist",
+                req.source_volume_id
+            ))
+        })?;
+        if self.0.volumes.get(&volume_id)?.is_none() {
+            return Err(CsiError::NotFound(format!(
+                "source volume {:?} does not exist",
+                req.source_volume_id
+            )));
+        }
+        let images = &self.0.images;
+        if let Some(failure) = images.take_failure(&image) {
+            return Err(failure);
+        }
+        let mut state = match images.store.get(&image)? {
+            Some(state) if images.is_orphan(&state) => {
+                images.store.remove(&image)?;
+                None
+            }
+            other => other,
+        };
+        if state.is_none() {
+            let mut params = BTreeMap::new();
+            params.insert(KEY_EXPORT_TYPE.to_owned(), export_type.clone());
+            params.insert(KEY_VOLUME_NAME.to_owned(), volume_id.clone());
+            let mut new = images.new_state(&image, SOURCE_EXPORT, params);
+            new.csi_name = Some(req.name.clone());
+            state = Some(self.start_export(new, &volume_id, &export_type).await?);
+        }
+        let state = state.ok_or_else(|| CsiError::Internal("no image state".into()))?;
+        let same = state.source_type == SOURCE_EXPORT
+            && state.csi_name.as_deref() == Some(req.name.as_str())
+            && state.parameters.get(KEY_VOLUME_NAME) == Some(&volume_id)
+            && state.parameters.get(KEY_EXPORT_TYPE) == Some(&export_type);
+        if !same {
+            return Err(CsiError::AlreadyExists(format!(
+                "snapshot {:?} already exists as backing image {image} from another source \
+                 ({} {:?})",
+                req.name, state.source_type, state.parameters
+            )));
+        }
+        let id = BiHandle::export(&image, &export_type, &volume_id).encode();
+        Ok(snapshot_of(&state, id))
+    }
+
+    async fn delete_snapshot(&self, id: &str) -> Result<()> {
+        if id.is_empty() {
+            return Err(CsiError::InvalidArgument("snapshot_id is required".into()));
+        }
+        let Ok(handle) = BiHandle::decode(id) else {
+            tracing::info!(snapshot = %id, "deleting a snapshot id that is not ours: nothing to do");
+            return Ok(());
+        };
+        let Ok(image) = disk_name("backing image", &handle.image) else {
+            return Ok(());
+        };
+        let _guard = self.0.controller_lock.lock().await;
+        let images = &self.0.images;
+        let Some(state) = images.store.get(&image)? else {
+            return Ok(());
+        };
+        if images.in_use(&image) {
+            return Err(CsiError::FailedPrecondition(format!(
+                "backing image {image} is in use: a volume is being created from it; retry when \
+                 that finishes"
+            )));
+        }
+        if images.running(&image) || (!state.ready && !images.is_orphan(&state)) {
+            return Err(CsiError::Aborted(format!(
+                "backing image {image} is still being prepared ({} of {} bytes); retry later",
+                state.progress.done, state.progress.total
+            )));
+        }
+        images.store.remove(&image)?;
+        tracing::info!(image = %image, "deleted backing image");
+        Ok(())
+    }
+
+    async fn list_snapshots(&self, req: &ListSnapshotsRequest) -> Result<ListSnapshotsResponse> {
+        let mut found: Vec<Snapshot> = Vec::new();
+        if !req.snapshot_id.is_empty() {
+            if let Some(snap) = self.resolve_snapshot(&req.snapshot_id)? {
+                if req.source_volume_id.is_empty() || snap.source_volume_id == req.source_volume_id
+                {
+                    found.push(snap);
+                }
+            }
+        } else {
+            for state in self.0.images.store.list()? {
+                if !req.source_volume_id.is_empty()
+                    && state.source_volume() != Some(req.source_volume_id.as_str())
+                {
+                    continue;
+                }
+                let id = state.handle();
+                found.push(snapshot_of(&state, id));
+            }
+        }
+        let (entries, next_token) = page(found, req.max_entries, &req.starting_token)?;
+        Ok(ListSnapshotsResponse {
+            entries: entries
+                .into_iter()
+                .map(|s| list_snapshots_response::Entry { snapshot: Some(s) })
+                .collect(),
+            next_token,
+        })
+    }
+
+    /// The snapshot a `bi://` id stands for: its image if it exists and matches, or, for a
+    /// pre-provisioned handle whose image can be produced on demand, an entry that is ready
+    /// (the image is produced by the first CreateVolume).
+    fn resolve_snapshot(&self, id: &str) -> Result<Option<Snapshot>> {
+        let Ok(handle) = BiHandle::decode(id) else {
+            return Ok(None);
+        };
+        let Ok(image) = disk_name("backing image", &handle.image) else {
+            return Ok(None);
+        };
+        let checksum = match handle.checksum.as_deref().map(check_checksum).transpose() {
+            Ok(c) => c,
+            Err(_) => return Ok(None),
+        };
+        if let Some(state) = self.0.images.store.get(&image)? {
+            return Ok(check_matches(&state, &handle, checksum.as_deref())
+                .ok()
+                .map(|()| snapshot_of(&state, id.to_owned())));
+        }
+        let producible = match handle.source_type.as_str() {
+            SOURCE_DOWNLOAD => handle
+                .params
+                .get(KEY_URL)
+                .is_some_and(|u| download::check_url(u).is_ok())
+                .then_some((String::new(), 0)),
+            SOURCE_EXPORT => {
+                let volume = handle
+                    .params
+                    .get(KEY_VOLUME_NAME)
+                    .cloned()
+                    .unwrap_or_default();
+                let export_ok = handle
+                    .params
+                    .get(KEY_EXPORT_TYPE)
+                    .is_some_and(|t| check_export_type(t).is_ok());
+                match disk_name("volume", &volume) {
+                    Ok(vid) if export_ok && self.0.volumes.get(&vid)?.is_some() => {
+                        Some((vid.clone(), self.0.volumes.capacity(&vid)?))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        Ok(producible.map(|(source, size)| Snapshot {
+            size_bytes: i64::try_from(size).unwrap_or(i64::MAX),
+            snapshot_id: id.to_owned(),
+            source_volume_id: source,
+            creation_time: Some(timestamp(files::now_secs())),
+            ready_to_use: true,
+            group_snapshot_id: String::new(),
+        }))
+    }
+}
+
+/// Checks that an existing image is the one a handle describes.
+fn check_matches(state: &ImageState, handle: &BiHandle, checksum: Option<&str>) -> Result<()> {
+    if state.source_type != handle.source_type {
+        return Err(CsiError::InvalidArgument(format!(
+            "backing image {} exists with data source type {}, but the handle says {}",
+            state.name, state.source_type, handle.source_type
+        )));
+    }
+    if !handle.params.is_empty() && handle.params != state.parameters {
+        return Err(CsiError::InvalidArgument(format!(
+            "backing image {} exists with different data source parameters ({:?}) than the \
+             handle's ({:?})",
+            state.name, state.parameters, handle.params
+        )));
+    }
+    if let Some(sum) = checksum {
+        for known in [&state.current_checksum, &state.expected_checksum]
+            .into_iter()
+            .flatten()
+        {
+            if known != sum {
+                return Err(CsiError::InvalidArgument(format!(
+                    "backing image {} has checksum {known}, but the handle asks for {sum}",
+                    state.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn rpc_cap(t: rpc::Type) -> ControllerServiceCapability {
+    ControllerServiceCapability {
+        r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),
+    }
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        request: Request<CreateVolumeRequest>,
+    ) -> std::result::Result<Response<CreateVolumeResponse>, Status> {
+        let volume = ControllerService::create_volume(self, request.into_inner()).await?;
+        Ok(Response::new(CreateVolumeResponse {
+            volume: Some(volume),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<DeleteVolumeRequest>,
+    ) -> std::result::Result<Response<DeleteVolumeResponse>, Status> {
+        let id = request.into_inner().volume_id;
+        if id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        let _guard = self.0.controller_lock.lock().await;
+        if self.0.volumes.get(&id)?.is_none() {
+            return Ok(Response::new(DeleteVolumeResponse {}));
+        }
+        let published = self.0.volumes.publications(&id)?;
+        if let Some(p) = published.first() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is still published at {}",
+                p.target.display()
+            )));
+        }
+        self.0.volumes.delete(&id)?;
+        tracing::info!(volume = %id, "deleted volume");
+        Ok(Response::new(DeleteVolumeResponse {}))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<ValidateVolumeCapabilitiesRequest>,
+    ) -> std::result::Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = request.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument("volume_capabilities are required"));
+        }
+        if self.0.volumes.get(&req.volume_id)?.is_none() {
+            return Err(Status::not_found(format!(
+                "volume {:?} does not exist",
+                req.volume_id
+            )));
+        }
+        let problems: Vec<String> = req
+            .volume_capabilities
+            .iter()
+            .filter_map(|c| check_capability(c).err())
+            .collect();
+        let response = if problems.is_empty() {
+            ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(validate_volume_capabilities_response::Confirmed {
+                    volume_context: req.volume_context,
+                    volume_capabilities: req.volume_capabilities,
+                    parameters: req.parameters,
+                    mutable_parameters: req.mutable_parameters,
+                }),
+                message: String::new(),
+            }
+        } else {
+            ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: problems.join("; "),
+            }
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<ListVolumesRequest>,
+    ) -> std::result::Result<Response<ListVolumesResponse>, Status> {
+        let req = request.into_inner();
+        let mut all = Vec::new();
+        for meta in self.0.volumes.list()? {
+            let capacity = self.0.volumes.capacity(&meta.id).unwrap_or(0);
+            all.push(self.volume_response(&meta, capacity));
+        }
+        let (entries, next_token) = page(all, req.max_entries, &req.starting_token)?;
+        Ok(Response::new(ListVolumesResponse {
+            entries: entries
+                .into_iter()
+                .map(|v| list_volumes_response::Entry {
+                    volume: Some(v),
+                    status: None,
+                })
+                .collect(),
+            next_token,
+        }))
+    }
+
+    async fn get_capacity(
+        &self,
+        _: Request<GetCapacityRequest>,
+    ) -> std::result::Result<Response<GetCapacityResponse>, Status> {
+        let stat = nix::sys::statvfs::statvfs(self.0.volumes.root())
+            .map_err(|e| Status::internal(format!("statvfs of the volume store: {e}")))?;
+        let available =
+            (stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64);
+        Ok(Response::new(GetCapacityResponse {
+            available_capacity: i64::try_from(available).unwrap_or(i64::MAX),
+            maximum_volume_size: None,
+            minimum_volume_size: None,
+        }))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<ControllerGetCapabilitiesRequest>,
+    ) -> std::result::Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(ControllerGetCapabilitiesResponse {
+            capabilities: vec![
+                rpc_cap(rpc::Type::CreateDeleteVolume),
+                rpc_cap(rpc::Type::CreateDeleteSnapshot),
+                rpc_cap(rpc::Type::ListSnapshots),
+                rpc_cap(rpc::Type::ListVolumes),
+                rpc_cap(rpc::Type::GetCapacity),
+                rpc_cap(rpc::Type::ExpandVolume),
+            ],
+        }))
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<CreateSnapshotRequest>,
+    ) -> std::result::Result<Response<CreateSnapshotResponse>, Status> {
+        let snapshot = ControllerService::create_snapshot(self, request.into_inner()).await?;
+        Ok(Response::new(CreateSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<DeleteSnapshotRequest>,
+    ) -> std::result::Result<Response<DeleteSnapshotResponse>, Status> {
+        ControllerService::delete_snapshot(self, &request.into_inner().snapshot_id).await?;
+        Ok(Response::new(DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<ListSnapshotsRequest>,
+    ) -> std::result::Result<Response<ListSnapshotsResponse>, Status> {
+        let response = ControllerService::list_snapshots(self, request.get_ref()).await?;
+        Ok(Response::new(response))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        request: Request<ControllerExpandVolumeRequest>,
+    ) -> std::result::Result<Response<ControllerExpandVolumeResponse>, Status> {
+        let req = request.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.capacity_range.is_none() {
+            return Err(Status::invalid_argument("capacity_range is required"));
+        }
+        if let Some(cap) = &req.volume_capability {
+            check_capability(cap).map_err(Status::invalid_argument)?;
+        }
+        let (required, limit) = capacity_range(req.capacity_range.as_ref())?;
+        let _guard = self.0.controller_lock.lock().await;
+        if self.0.volumes.get(&req.volume_id)?.is_none() {
+            return Err(Status::not_found(format!(
+                "volume {:?} does not exist",
+                req.volume_id
+            )));
+        }
+        let current = self.0.volumes.capacity(&req.volume_id)?;
+        let capacity = if current >= required {
+            current
+        } else {
+            let target = fit(required, limit)?;
+            self.0.volumes.grow(&req.volume_id, target)?
+        };
+        tracing::info!(volume = %req.volume_id, capacity, "expanded volume");
+        Ok(Response::new(ControllerExpandVolumeResponse {
+            capacity_bytes: i64::try_from(capacity).unwrap_or(i64::MAX),
+            node_expansion_required: true,
+        }))
+    }
+}

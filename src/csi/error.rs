@@ -1,0 +1,77 @@
+//! Errors of the CSI driver and the gRPC status each one maps to.
+//!
+//! Every failure a client can see is one of these variants; the variant decides the status
+//! code (per the CSI spec), the text is what a Kubernetes user reads in events.
+
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    /// A required field is missing, or a field's value is not acceptable.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The object the request names does not exist (or cannot be produced).
+    #[error("{0}")]
+    NotFound(String),
+    /// The name is taken by an object that differs from the one requested.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The object is in a state that forbids the request (e.g. still in use).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// A size outside what the driver supports for this request.
+    #[error("{0}")]
+    OutOfRange(String),
+    /// Work on the object is still in progress; retry later.
+    #[error("{0}")]
+    Aborted(String),
+    /// A remote source could not be reached; retry later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// No space left for the request.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// A local operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An external tool (qemu-img, losetup, mount, mkfs) failed.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl CsiError {
+    /// Wraps an I/O error with what was being done; `ENOSPC` becomes `RESOURCE_EXHAUSTED`.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        let context = context.into();
+        if source.raw_os_error() == Some(libc::ENOSPC) {
+            return CsiError::ResourceExhausted(format!("{context}: no space left on device"));
+        }
+        CsiError::Io { context, source }
+    }
+
+    pub fn code(&self) -> Code {
+        match self {
+            CsiError::InvalidArgument(_) => Code::InvalidArgument,
+            CsiError::NotFound(_) => Code::NotFound,
+            CsiError::AlreadyExists(_) => Code::AlreadyExists,
+            CsiError::FailedPrecondition(_) => Code::FailedPrecondition,
+            CsiError::OutOfRange(_) => Code::OutOfRange,
+            CsiError::Aborted(_) => Code::Aborted,
+            CsiError::Unavailable(_) => Code::Unavailable,
+            CsiError::ResourceExhausted(_) => Code::ResourceExhausted,
+            CsiError::Io { .. } | CsiError::Internal(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<CsiError> for Status {
+    fn from(e: CsiError) -> Status {
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, CsiError>;

@@ -1,0 +1,103 @@
+//! The layerfs CSI driver: volumes as sparse raw images on this node, and BackingImages made
+//! from VolumeSnapshots of `type: bi` (DESIGN §7).
+//!
+//! The story of a BackingImage: `CreateSnapshot` takes a point-in-time copy of a volume and
+//! starts exporting it (raw or qcow2) into the images directory, answering `ready_to_use:
+//! false` until the image is complete and checksummed. Its snapshot id is a `bi://` handle
+//! ([`handle`]). `CreateVolume` with that handle as content source restores a new volume from
+//! the image; a handle for an image that does not exist yet (a pre-provisioned
+//! VolumeSnapshotContent) makes the driver produce it first, by download or export.
+//! `DeleteSnapshot` removes the image.
+//!
+//! Modules: [`server`] serves the three gRPC services ([`identity`], [`controller`], [`node`])
+//! over a unix socket; [`volumes`] and [`backing_image`] are the two stores; [`export`] and
+//! [`download`] produce image files; [`mounts`] does loop devices and mounts; [`names`] maps
+//! CSI names to safe on-disk names.
+
+pub mod backing_image;
+pub mod command;
+pub mod controller;
+pub mod download;
+pub mod error;
+pub mod export;
+pub mod files;
+pub mod handle;
+pub mod identity;
+pub mod mounts;
+pub mod names;
+pub mod node;
+pub mod server;
+pub mod volumes;
+
+/// The generated CSI v1 messages and services.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("csi.v1");
+}
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use error::{CsiError, Result};
+pub use server::serve;
+
+use backing_image::{ImageStore, Images};
+use volumes::VolumeStore;
+
+/// The default driver name.
+pub const DRIVER_NAME: &str = "layerfs.csi.io";
+/// The topology key whose value is the node a volume lives on.
+pub const TOPOLOGY_KEY: &str = "topology.layerfs.csi.io/node";
+
+/// How the driver is run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `unix:///path/csi.sock` (or a plain path).
+    pub endpoint: String,
+    pub node_id: String,
+    pub driver_name: String,
+    /// The local volume store (`volumes/` is made in it).
+    pub store: PathBuf,
+    /// Where BackingImages live; may be a directory every node shares.
+    pub backing_images: PathBuf,
+    /// How long CreateVolume waits for a BackingImage being prepared before it answers
+    /// `ABORTED` (the CO retries).
+    pub image_wait: Duration,
+}
+
+/// State shared by the three services.
+pub struct Driver {
+    pub config: Config,
+    pub volumes: VolumeStore,
+    pub images: Arc<Images>,
+    /// Serializes controller changes (volume and image creation and deletion).
+    pub controller_lock: tokio::sync::Mutex<()>,
+    /// Serializes publish and unpublish on this node.
+    pub node_lock: tokio::sync::Mutex<()>,
+}
+
+impl Driver {
+    pub fn new(config: Config) -> Result<Arc<Driver>> {
+        if config.node_id.is_empty() {
+            return Err(CsiError::InvalidArgument("a node id is required".into()));
+        }
+        let volumes = VolumeStore::open(config.store.join("volumes"))?;
+        let store = ImageStore::open(config.backing_images.clone())?;
+        let images = Arc::new(Images::new(store, config.node_id.clone()));
+        Ok(Arc::new(Driver {
+            config,
+            volumes,
+            images,
+            controller_lock: tokio::sync::Mutex::new(()),
+            node_lock: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// The topology segment of this node.
+    pub fn topology(&self) -> proto::Topology {
+        proto::Topology {
+            segments: [(TOPOLOGY_KEY.to_owned(), self.config.node_id.clone())].into(),
+        }
+    }
+}

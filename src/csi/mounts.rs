@@ -1,0 +1,201 @@
+//! Node-side plumbing: loop devices for volume images, ext4 formatting, mounts.
+
+use std::path::{Path, PathBuf};
+
+use super::command::{run, run_accepting};
+use super::error::{CsiError, Result};
+
+/// The loop device already attached to `disk`, if any.
+pub async fn find_loop(disk: &Path) -> Result<Option<PathBuf>> {
+    let out = run("losetup", ["-j".as_ref(), disk.as_os_str()]).await?;
+    Ok(out
+        .lines()
+        .filter_map(|line| line.split_once(':').map(|(dev, _)| dev.trim()))
+        .find(|dev| dev.starts_with("/dev/"))
+        .map(PathBuf::from))
+}
+
+/// Attaches `disk` to a free loop device, or returns the one it is attached to.
+pub async fn attach(disk: &Path) -> Result<PathBuf> {
+    if let Some(dev) = find_loop(disk).await? {
+        return Ok(dev);
+    }
+    let out = run(
+        "losetup",
+        ["--find".as_ref(), "--show".as_ref(), disk.as_os_str()],
+    )
+    .await?;
+    let dev = out.trim();
+    if dev.starts_with("/dev/") {
+        Ok(PathBuf::from(dev))
+    } else {
+        Err(CsiError::Internal(format!(
+            "losetup gave no device for {}",
+            disk.display()
+        )))
+    }
+}
+
+/// Detaches every loop device attached to `disk`.
+pub async fn detach_all(disk: &Path) -> Result<()> {
+    while let Some(dev) = find_loop(disk).await? {
+        run("losetup", ["-d".as_ref(), dev.as_os_str()]).await?;
+    }
+    Ok(())
+}
+
+/// Makes the loop device see the current size of its file.
+pub async fn refresh_size(dev: &Path) -> Result<()> {
+    run("losetup", ["-c".as_ref(), dev.as_os_str()])
+        .await
+        .map(|_| ())
+}
+
+/// The filesystem type on `dev` ("" when none).
+pub async fn fs_type(dev: &Path) -> Result<String> {
+    // blkid exits 2 when it finds nothing: that is "no filesystem", not a failure.
+    match run(
+        "blkid",
+        [
+            "-p".as_ref(),
+            "-o".as_ref(),
+            "value".as_ref(),
+            "-s".as_ref(),
+            "TYPE".as_ref(),
+            dev.as_os_str(),
+        ],
+    )
+    .await
+    {
+        Ok(out) => Ok(out.trim().to_owned()),
+        Err(_) => Ok(String::new()),
+    }
+}
+
+/// Formats `dev` as ext4.
+pub async fn mkfs_ext4(dev: &Path) -> Result<()> {
+    run("mkfs.ext4", ["-q".as_ref(), "-F".as_ref(), dev.as_os_str()])
+        .await
+        .map(|_| ())
+}
+
+/// Grows the ext4 filesystem on `dev` to fill it (online if it is mounted).
+pub async fn grow_fs(dev: &Path) -> Result<()> {
+    run("resize2fs", [dev.as_os_str()]).await.map(|_| ())
+}
+
+/// Size in bytes of the ext4 filesystem on `dev`, from its superblock.
+pub async fn ext4_size(dev: &Path) -> Result<u64> {
+    let out = run("dumpe2fs", ["-h".as_ref(), dev.as_os_str()]).await?;
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    match (field("Block count:"), field("Block size:")) {
+        (Some(count), Some(size)) => Ok(count.saturating_mul(size)),
+        _ => Err(CsiError::Internal(format!(
+            "cannot read the filesystem size on {}",
+            dev.display()
+        ))),
+    }
+}
+
+/// Grows the unmounted ext4 filesystem on `dev` to `size` bytes if it is smaller (a volume
+/// restored into a bigger capacity, or expanded while unpublished). Checked first, as
+/// resize2fs requires offline.
+pub async fn grow_offline(dev: &Path, size: u64) -> Result<()> {
+    if ext4_size(dev).await? >= size {
+        return Ok(());
+    }
+    tracing::info!(device = %dev.display(), size, "growing the filesystem");
+    run_accepting(
+        "e2fsck",
+        ["-f".as_ref(), "-y".as_ref(), dev.as_os_str()],
+        &[0, 1],
+    )
+    .await?;
+    run("resize2fs", [dev.as_os_str()]).await.map(|_| ())
+}
+
+pub async fn mount(
+    dev: &Path,
+    target: &Path,
+    fstype: Option<&str>,
+    options: &[String],
+) -> Result<()> {
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    if let Some(t) = fstype {
+        args.push("-t".into());
+        args.push(t.into());
+    }
+    if !options.is_empty() {
+        args.push("-o".into());
+        args.push(options.join(",").into());
+    }
+    args.push(dev.into());
+    args.push(target.into());
+    run("mount", &args).await.map(|_| ())
+}
+
+pub async fn umount(target: &Path) -> Result<()> {
+    run("umount", [target.as_os_str()]).await.map(|_| ())
+}
+
+/// Whether something is mounted exactly at `target`.
+pub fn is_mounted(target: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_owned());
+    info.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(unescape)
+        .any(|point| Path::new(&point) == wanted || Path::new(&point) == target)
+}
+
+/// Whether `dev` is mounted anywhere (as a filesystem source).
+pub fn is_device_mounted(dev: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines()
+        .filter_map(|line| line.split(" - ").nth(1))
+        .filter_map(|rest| rest.split(' ').nth(1))
+        .any(|source| Path::new(&unescape(source)) == dev)
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, …).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            let digits = &bytes[i + 1..i + 4];
+            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
+                let value = digits
+                    .iter()
+                    .fold(0u16, |acc, d| acc * 8 + u16::from(d - b'0'));
+                if let Ok(v) = u8::try_from(value) {
+                    out.push(v);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unescapes_mountinfo() {
+        assert_eq!(super::unescape("/a\\040b"), "/a b");
+        assert_eq!(super::unescape("/plain"), "/plain");
+        assert_eq!(super::unescape("/end\\"), "/end\\");
+    }
+}

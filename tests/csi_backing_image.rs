@@ -1,0 +1,1327 @@
+//! The CSI driver end to end: the real `layerfs csi` binary on a unix socket, driven by a gRPC
+//! client. Covers the four BackingImage scenarios (snapshot → image → delete; restore; a
+//! pre-provisioned download handle; on-demand download and export handles), idempotency, the
+//! error rules of DESIGN §7 and ListSnapshots filtering and paging.
+//!
+//! Needs root (loop devices, mounts), `qemu-img`, `losetup`, `mkfs.ext4`. Every server is
+//! stopped, and every mount and loop device under its temp dir removed, even when a test panics.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use layerfs::csi::proto::controller_client::ControllerClient;
+use layerfs::csi::proto::identity_client::IdentityClient;
+use layerfs::csi::proto::node_client::NodeClient;
+use layerfs::csi::proto::volume_capability::access_mode::Mode;
+use layerfs::csi::proto::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use layerfs::csi::proto::volume_content_source::{SnapshotSource, Type as SourceType};
+use layerfs::csi::proto::*;
+use sha2::{Digest, Sha512};
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::Code;
+
+const BIN: &str = env!("CARGO_BIN_EXE_layerfs");
+const MIB: i64 = 1 << 20;
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+/// A running `layerfs csi` in a temp dir; stopped and cleaned up on drop.
+struct Server {
+    child: Child,
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+}
+
+impl Server {
+    fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("csi.sock");
+        let store = dir.path().join("store");
+        let images = dir.path().join("shared-images");
+        let child = Command::new(BIN)
+            .arg("csi")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .args(["--node-id", "node1"])
+            .arg("--store")
+            .arg(&store)
+            .arg("--backing-images")
+            .arg(&images)
+            .args(extra)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start layerfs csi");
+        let server = Server { child, dir, socket };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !server.socket.exists() {
+            assert!(Instant::now() < deadline, "the CSI socket never appeared");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn images_dir(&self) -> PathBuf {
+        self.path().join("shared-images")
+    }
+
+    async fn channel(&self) -> Channel {
+        let socket = self.socket.clone();
+        Endpoint::try_from("http://[::]:50051")
+            .expect("endpoint")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let socket = socket.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(socket).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            }))
+            .await
+            .expect("connect to the CSI socket")
+    }
+
+    async fn clients(&self) -> Clients {
+        let ch = self.channel().await;
+        Clients {
+            id: IdentityClient::new(ch.clone()),
+            ctl: ControllerClient::new(ch.clone()),
+            node: NodeClient::new(ch),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+            }
+        }
+        cleanup_under(self.dir.path());
+    }
+}
+
+/// Unmounts everything mounted under `root` and detaches loop devices of files under it.
+fn cleanup_under(root: &Path) {
+    let root = fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
+    let root_s = root.to_string_lossy().into_owned();
+    if let Ok(info) = fs::read_to_string("/proc/self/mountinfo") {
+        let mut points: Vec<String> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(|p| p.replace("\\040", " "))
+            .filter(|p| p.starts_with(&root_s))
+            .collect();
+        points.sort();
+        points.reverse();
+        for p in points {
+            let _ = Command::new("umount").arg("-l").arg(&p).status();
+        }
+    }
+    if let Ok(out) = Command::new("losetup")
+        .args(["-l", "-n", "-O", "NAME,BACK-FILE"])
+        .output()
+    {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let mut parts = line.split_whitespace();
+            if let (Some(dev), Some(file)) = (parts.next(), parts.next()) {
+                if file.starts_with(&root_s) {
+                    let _ = Command::new("losetup").arg("-d").arg(dev).status();
+                }
+            }
+        }
+    }
+}
+
+struct Clients {
+    id: IdentityClient<Channel>,
+    ctl: ControllerClient<Channel>,
+    node: NodeClient<Channel>,
+}
+
+fn block_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+fn mount_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            mount_flags: vec![],
+            volume_mount_group: String::new(),
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+fn volume_req(name: &str, bytes: i64, snapshot: Option<&str>) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![block_cap()],
+        volume_content_source: snapshot.map(|id| VolumeContentSource {
+            r#type: Some(SourceType::Snapshot(SnapshotSource {
+                snapshot_id: id.into(),
+            })),
+        }),
+        ..Default::default()
+    }
+}
+
+fn snapshot_req(name: &str, source: &str, export_type: &str) -> CreateSnapshotRequest {
+    CreateSnapshotRequest {
+        source_volume_id: source.into(),
+        name: name.into(),
+        parameters: [
+            ("type".to_owned(), "bi".to_owned()),
+            ("export-type".to_owned(), export_type.to_owned()),
+        ]
+        .into(),
+        ..Default::default()
+    }
+}
+
+impl Clients {
+    async fn create_volume(&mut self, req: CreateVolumeRequest) -> Result<Volume, tonic::Status> {
+        let resp = self.ctl.create_volume(req).await?.into_inner();
+        Ok(resp.volume.expect("volume in response"))
+    }
+
+    async fn snapshot(&mut self, req: CreateSnapshotRequest) -> Result<Snapshot, tonic::Status> {
+        let resp = self.ctl.create_snapshot(req).await?.into_inner();
+        Ok(resp.snapshot.expect("snapshot in response"))
+    }
+
+    /// Calls CreateSnapshot until the snapshot is ready, as the CO does; checks the creation
+    /// time never changes.
+    async fn snapshot_ready(&mut self, req: CreateSnapshotRequest) -> Snapshot {
+        let first = self.snapshot(req.clone()).await.expect("CreateSnapshot");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut snap = first.clone();
+        while !snap.ready_to_use {
+            assert!(Instant::now() < deadline, "snapshot never became ready");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            snap = self
+                .snapshot(req.clone())
+                .await
+                .expect("CreateSnapshot again");
+            assert_eq!(
+                snap.creation_time, first.creation_time,
+                "creation time changed"
+            );
+            assert_eq!(snap.snapshot_id, first.snapshot_id);
+        }
+        snap
+    }
+
+    /// Calls CreateVolume until it stops answering ABORTED (an image still being prepared).
+    async fn create_volume_retrying(
+        &mut self,
+        req: CreateVolumeRequest,
+    ) -> Result<Volume, tonic::Status> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            match self.create_volume(req.clone()).await {
+                Err(s) if s.code() == Code::Aborted && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn publish_block(&mut self, volume: &str, target: &Path) {
+        self.node
+            .node_publish_volume(NodePublishVolumeRequest {
+                volume_id: volume.into(),
+                target_path: target.to_string_lossy().into_owned(),
+                volume_capability: Some(block_cap()),
+                ..Default::default()
+            })
+            .await
+            .expect("NodePublishVolume (block)");
+    }
+
+    async fn publish_mount(&mut self, volume: &str, target: &Path) {
+        self.node
+            .node_publish_volume(NodePublishVolumeRequest {
+                volume_id: volume.into(),
+                target_path: target.to_string_lossy().into_owned(),
+                volume_capability: Some(mount_cap()),
+                ..Default::default()
+            })
+            .await
+            .expect("NodePublishVolume (mount)");
+    }
+
+    async fn unpublish(&mut self, volume: &str, target: &Path) {
+        self.node
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: volume.into(),
+                target_path: target.to_string_lossy().into_owned(),
+            })
+            .await
+            .expect("NodeUnpublishVolume");
+    }
+
+    async fn delete_volume(&mut self, id: &str) {
+        self.ctl
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("DeleteVolume");
+    }
+
+    async fn delete_snapshot(&mut self, id: &str) -> Result<(), tonic::Status> {
+        self.ctl
+            .delete_snapshot(DeleteSnapshotRequest {
+                snapshot_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn list(
+        &mut self,
+        req: ListSnapshotsRequest,
+    ) -> Result<ListSnapshotsResponse, tonic::Status> {
+        self.ctl.list_snapshots(req).await.map(|r| r.into_inner())
+    }
+
+    /// Writes `data` at `offset` of a block volume, through its loop device.
+    async fn write_block(&mut self, volume: &str, dir: &Path, offset: u64, data: &[u8]) {
+        let target = dir.join(format!("w-{volume}"));
+        self.publish_block(volume, &target).await;
+        {
+            let mut dev = fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .expect("open device");
+            dev.seek(SeekFrom::Start(offset)).expect("seek");
+            dev.write_all(data).expect("write device");
+            dev.sync_all().expect("sync device");
+        }
+        self.unpublish(volume, &target).await;
+    }
+
+    /// Reads `len` bytes at `offset` of a block volume, through its loop device; also returns
+    /// the device size.
+    async fn read_block(
+        &mut self,
+        volume: &str,
+        dir: &Path,
+        offset: u64,
+        len: usize,
+    ) -> (Vec<u8>, u64) {
+        let target = dir.join(format!("r-{volume}"));
+        self.publish_block(volume, &target).await;
+        let (buf, size) = {
+            let mut dev = fs::File::open(&target).expect("open device");
+            let size = dev.seek(SeekFrom::End(0)).expect("device size");
+            dev.seek(SeekFrom::Start(offset)).expect("seek");
+            let mut buf = vec![0u8; len];
+            dev.read_exact(&mut buf).expect("read device");
+            (buf, size)
+        };
+        self.unpublish(volume, &target).await;
+        (buf, size)
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+fn sha512_hex(data: &[u8]) -> String {
+    Sha512::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn state_of(server: &Server, image: &str) -> Option<serde_json::Value> {
+    let text = fs::read_to_string(server.images_dir().join(format!("{image}.json"))).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn image_of(handle: &str) -> String {
+    let query = handle.split_once('?').map(|(_, q)| q).unwrap_or("");
+    url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "backingImage")
+        .map(|(_, v)| v.into_owned())
+        .expect("backingImage in handle")
+}
+
+/// Visible entries (not temp files) of the images dir.
+fn visible_images(server: &Server) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(server.images_dir())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A tiny HTTP/1.1 file server on 127.0.0.1 for download tests.
+/// Answers wait while `hold` is set, to keep a download in progress.
+struct HttpServer {
+    port: u16,
+    files: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl HttpServer {
+    fn start() -> HttpServer {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        let port = listener.local_addr().expect("local addr").port();
+        let files: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
+        let served = Arc::clone(&files);
+        let hold: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let held = Arc::clone(&hold);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let files = Arc::clone(&served);
+                let held = Arc::clone(&held);
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    while held.load(std::sync::atomic::Ordering::SeqCst)
+                        && Instant::now() < deadline
+                    {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match stream.read(&mut byte) {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head);
+                    let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                    let body = files.lock().map(|f| f.get(&path).cloned()).unwrap_or(None);
+                    let _ = match body {
+                        Some(body) => stream
+                            .write_all(
+                                format!(
+                                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                    body.len()
+                                )
+                                .as_bytes(),
+                            )
+                            .and_then(|()| stream.write_all(&body)),
+                        None => stream.write_all(
+                            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        ),
+                    };
+                });
+            }
+        });
+        HttpServer { port, files, hold }
+    }
+
+    fn serve(&self, path: &str, body: Vec<u8>) -> String {
+        self.files
+            .lock()
+            .expect("files")
+            .insert(path.to_owned(), body);
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+fn qcow2_of(raw: &[u8], dir: &Path) -> Vec<u8> {
+    let src = dir.join("src.raw");
+    let dst = dir.join("src.qcow2");
+    fs::write(&src, raw).expect("write raw");
+    let ok = Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "qcow2"])
+        .arg(&src)
+        .arg(&dst)
+        .status()
+        .expect("qemu-img");
+    assert!(ok.success());
+    fs::read(&dst).expect("read qcow2")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Identity
+
+#[tokio::test(flavor = "multi_thread")]
+async fn identity_and_capabilities() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let info =
+        c.id.get_plugin_info(GetPluginInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(info.name, "layerfs.csi.io");
+    let probe = c.id.probe(ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+    let caps = c
+        .ctl
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let types: Vec<i32> = caps
+        .capabilities
+        .iter()
+        .filter_map(|c| {
+            c.r#type
+                .as_ref()
+                .map(|controller_service_capability::Type::Rpc(r)| r.r#type)
+        })
+        .collect();
+    use controller_service_capability::rpc::Type as T;
+    for t in [
+        T::CreateDeleteVolume,
+        T::CreateDeleteSnapshot,
+        T::ListSnapshots,
+        T::ExpandVolume,
+    ] {
+        assert!(types.contains(&(t as i32)), "{t:?} advertised");
+    }
+    assert!(!types.contains(&(T::PublishUnpublishVolume as i32)));
+    let info = c
+        .node
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, "node1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios (1) and (2): snapshot a volume into a BackingImage, restore from it, delete it.
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scenario_1_2_snapshot_restore_delete() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let work = server.path().join("targets");
+    fs::create_dir_all(&work).unwrap();
+
+    let vol = c
+        .create_volume(volume_req("pvc-source", 64 * MIB, None))
+        .await
+        .unwrap();
+    assert_eq!(vol.capacity_bytes, 64 * MIB);
+    let data = pattern(3 * MIB as usize + 123, 7);
+    c.write_block(&vol.volume_id, &work, 5 * MIB as u64, &data)
+        .await;
+
+    // (1) the snapshot is a BackingImage exported from the volume, raw.
+    let req = snapshot_req("snapshot-1", &vol.volume_id, "raw");
+    let snap = c.snapshot_ready(req.clone()).await;
+    assert_eq!(snap.source_volume_id, vol.volume_id);
+    assert_eq!(snap.size_bytes, 64 * MIB);
+    assert!(snap.snapshot_id.starts_with(
+        "bi://backing?backingImage=snapshot-1&backingImageDataSourceType=export-from-volume&export-type=raw&volume-name=pvc-source"
+    ), "{}", snap.snapshot_id);
+    let image = image_of(&snap.snapshot_id);
+    let state = state_of(&server, &image).expect("state file");
+    assert_eq!(state["source_type"], "export-from-volume");
+    assert_eq!(state["parameters"]["volume-name"], vol.volume_id.as_str());
+    assert_eq!(state["parameters"]["export-type"], "raw");
+    assert_eq!(state["ready"], true);
+    let file = fs::read(server.images_dir().join(format!("{image}.img"))).unwrap();
+    assert_eq!(state["current_checksum"], sha512_hex(&file).as_str());
+    // Idempotent: the same answer again.
+    let again = c.snapshot(req.clone()).await.unwrap();
+    assert_eq!(again, snap);
+
+    // (2) restore: a bigger volume holds the same bytes.
+    let restored = c
+        .create_volume(volume_req(
+            "pvc-restored",
+            96 * MIB,
+            Some(&snap.snapshot_id),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(restored.capacity_bytes, 96 * MIB);
+    assert_eq!(
+        restored
+            .content_source
+            .as_ref()
+            .and_then(|s| s.r#type.clone()),
+        Some(SourceType::Snapshot(SnapshotSource {
+            snapshot_id: snap.snapshot_id.clone()
+        }))
+    );
+    let (got, size) = c
+        .read_block(&restored.volume_id, &work, 5 * MIB as u64, data.len())
+        .await;
+    assert_eq!(size, 96 * MIB as u64);
+    assert!(got == data, "restored bytes differ");
+    // Idempotent restore; a different capacity under the same name is ALREADY_EXISTS.
+    let again = c
+        .create_volume(volume_req(
+            "pvc-restored",
+            96 * MIB,
+            Some(&snap.snapshot_id),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(again.volume_id, restored.volume_id);
+    let err = c
+        .create_volume(volume_req(
+            "pvc-restored",
+            128 * MIB,
+            Some(&snap.snapshot_id),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    // Smaller than the image: OUT_OF_RANGE.
+    let err = c
+        .create_volume(volume_req("pvc-small", 32 * MIB, Some(&snap.snapshot_id)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+
+    // Delete the snapshot: the image is gone; deleting again is fine.
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    assert_eq!(visible_images(&server), Vec::<String>::new());
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    // The restored volume does not depend on the image.
+    let (got, _) = c
+        .read_block(&restored.volume_id, &work, 5 * MIB as u64, data.len())
+        .await;
+    assert!(got == data);
+    c.delete_volume(&restored.volume_id).await;
+    c.delete_volume(&vol.volume_id).await;
+    c.delete_volume(&vol.volume_id).await;
+}
+
+/// A Mount volume: formatted once, its files survive snapshot and restore, the restored
+/// filesystem grows to the new capacity.
+#[tokio::test(flavor = "multi_thread")]
+async fn mount_volume_snapshot_restore() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let work = server.path().join("targets");
+    let mut req = volume_req("pvc-fs", 64 * MIB, None);
+    req.volume_capabilities = vec![mount_cap()];
+    let vol = c.create_volume(req).await.unwrap();
+    let target = work.join("fs");
+    c.publish_mount(&vol.volume_id, &target).await;
+    c.publish_mount(&vol.volume_id, &target).await; // idempotent
+    fs::write(target.join("hello.txt"), b"hello from layerfs").unwrap();
+    let stats = c
+        .node
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.to_string_lossy().into_owned(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stats.usage[0].total > 0 && stats.usage[0].used > 0);
+    c.unpublish(&vol.volume_id, &target).await;
+    c.unpublish(&vol.volume_id, &target).await; // idempotent
+                                                // Republishing does not reformat.
+    c.publish_mount(&vol.volume_id, &target).await;
+    assert_eq!(
+        fs::read(target.join("hello.txt")).unwrap(),
+        b"hello from layerfs"
+    );
+    c.unpublish(&vol.volume_id, &target).await;
+
+    let snap = c
+        .snapshot_ready(snapshot_req("snap-fs", &vol.volume_id, "qcow2"))
+        .await;
+    let state = state_of(&server, &image_of(&snap.snapshot_id)).unwrap();
+    assert_eq!(state["format"], "qcow2");
+    let mut req = volume_req("pvc-fs-restored", 128 * MIB, Some(&snap.snapshot_id));
+    req.volume_capabilities = vec![mount_cap()];
+    let restored = c.create_volume(req).await.unwrap();
+    let target2 = work.join("fs2");
+    c.publish_mount(&restored.volume_id, &target2).await;
+    assert_eq!(
+        fs::read(target2.join("hello.txt")).unwrap(),
+        b"hello from layerfs"
+    );
+    let st = nix::sys::statvfs::statvfs(&target2).unwrap();
+    let total = st.blocks() as u64 * st.fragment_size() as u64;
+    assert!(total > 100 * MIB as u64, "filesystem grew: {total}");
+    // A published volume cannot be deleted.
+    let err = c
+        .ctl
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: restored.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    c.unpublish(&restored.volume_id, &target2).await;
+    c.delete_volume(&restored.volume_id).await;
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario (3): a pre-provisioned content with a download handle.
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scenario_3_preprovisioned_download() {
+    let server = Server::start();
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let work = server.path().join("targets");
+    let raw = pattern(8 * MIB as usize, 3);
+    let sum = sha512_hex(&raw);
+    let url = http.serve("/images/parrot.raw", raw.clone());
+    // As Longhorn's tests write it: the url unescaped, keys in any order.
+    let handle = format!(
+        "bi://backing?backingImageDataSourceType=download&backingImage=bi-test&url={url}&backingImageChecksum={sum}"
+    );
+    let listed = c
+        .list(ListSnapshotsRequest {
+            snapshot_id: handle.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.entries.len(),
+        1,
+        "a pre-provisioned handle is listed"
+    );
+    let entry = listed.entries[0].snapshot.clone().unwrap();
+    assert_eq!(entry.snapshot_id, handle);
+    assert!(entry.ready_to_use);
+
+    let vol = c
+        .create_volume_retrying(volume_req("pvc-download", 16 * MIB, Some(&handle)))
+        .await
+        .unwrap();
+    let state = state_of(&server, "bi-test").expect("state");
+    assert_eq!(state["source_type"], "download");
+    assert_eq!(state["parameters"]["url"], url.as_str());
+    assert_eq!(state["current_checksum"], sum.as_str());
+    assert_eq!(state["ready"], true);
+    assert_eq!(state["progress"]["done"], 8 * MIB);
+    let (got, size) = c.read_block(&vol.volume_id, &work, 0, raw.len()).await;
+    assert_eq!(size, 16 * MIB as u64);
+    assert!(got == raw, "restored bytes differ");
+    // Listed now with its real size.
+    let listed = c
+        .list(ListSnapshotsRequest {
+            snapshot_id: handle.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.entries[0].snapshot.as_ref().unwrap().size_bytes,
+        8 * MIB
+    );
+    c.delete_volume(&vol.volume_id).await;
+    c.delete_snapshot(&handle).await.unwrap();
+    assert!(state_of(&server, "bi-test").is_none());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario (4): on-demand images for download (qcow2) and export-from-volume (qcow2) handles.
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scenario_4_on_demand_download_and_export() {
+    let server = Server::start();
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let work = server.path().join("targets");
+    fs::create_dir_all(&work).unwrap();
+
+    // download, qcow2, escaped url, no checksum
+    let raw = pattern(6 * MIB as usize, 11);
+    let qcow = qcow2_of(&raw, &work);
+    let url = http.serve("/parrot.qcow2", qcow.clone());
+    let escaped: String = url::form_urlencoded::byte_serialize(url.as_bytes()).collect();
+    let handle = format!(
+        "bi://backing?backingImage=on-demand-dl&backingImageDataSourceType=download&url={escaped}"
+    );
+    let vol = c
+        .create_volume_retrying(volume_req("pvc-dl-q", 8 * MIB, Some(&handle)))
+        .await
+        .unwrap();
+    let state = state_of(&server, "on-demand-dl").unwrap();
+    assert_eq!(state["format"], "qcow2");
+    assert_eq!(state["current_checksum"], sha512_hex(&qcow).as_str());
+    let (got, _) = c.read_block(&vol.volume_id, &work, 0, raw.len()).await;
+    assert!(got == raw, "download (qcow2) restore differs");
+
+    // export-from-volume, qcow2, from a handle the driver never made
+    let src = c
+        .create_volume(volume_req("pvc-exp-src", 16 * MIB, None))
+        .await
+        .unwrap();
+    let data = pattern(MIB as usize, 99);
+    c.write_block(&src.volume_id, &work, 3 * MIB as u64, &data)
+        .await;
+    let handle = format!(
+        "bi://backing?backingImage=on-demand-exp&backingImageDataSourceType=export-from-volume&export-type=qcow2&volume-name={}",
+        src.volume_id
+    );
+    let vol2 = c
+        .create_volume_retrying(volume_req("pvc-exp-q", 16 * MIB, Some(&handle)))
+        .await
+        .unwrap();
+    let state = state_of(&server, "on-demand-exp").unwrap();
+    assert_eq!(state["source_type"], "export-from-volume");
+    assert_eq!(state["format"], "qcow2");
+    let (got, _) = c
+        .read_block(&vol2.volume_id, &work, 3 * MIB as u64, data.len())
+        .await;
+    assert!(got == data, "export (qcow2) restore differs");
+    // The same handle with other parameters for an existing image is refused.
+    let other = handle.replace("export-type=qcow2", "export-type=raw");
+    let err = c
+        .create_volume(volume_req("pvc-exp-other", 16 * MIB, Some(&other)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    // An export handle naming a volume that does not exist: NOT_FOUND.
+    let missing = "bi://backing?backingImage=nope&backingImageDataSourceType=export-from-volume&export-type=raw&volume-name=no-such-volume";
+    let err = c
+        .create_volume(volume_req("pvc-missing", 16 * MIB, Some(missing)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    for v in [&vol, &vol2, &src] {
+        c.delete_volume(&v.volume_id).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors and idempotency
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_errors_and_names() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let vol = c
+        .create_volume(volume_req("pvc-a", 8 * MIB, None))
+        .await
+        .unwrap();
+    let vol_b = c
+        .create_volume(volume_req("pvc-b", 8 * MIB, None))
+        .await
+        .unwrap();
+
+    let code =
+        |r: Result<Snapshot, tonic::Status>| r.map(|_| Code::Ok).unwrap_or_else(|s| s.code());
+    assert_eq!(
+        code(c.snapshot(snapshot_req("", "pvc-a", "raw")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(c.snapshot(snapshot_req("s", "", "raw")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(c.snapshot(snapshot_req("s", "no-such", "raw")).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(c.snapshot(snapshot_req("s", "pvc-a", "vmdk")).await),
+        Code::InvalidArgument
+    );
+    for bad in ["../escape", "a/b", "a\0b", ".."] {
+        assert_eq!(
+            code(c.snapshot(snapshot_req(bad, "pvc-a", "raw")).await),
+            Code::InvalidArgument,
+            "{bad:?}"
+        );
+    }
+    let mut longhorn = snapshot_req("s", "pvc-a", "raw");
+    longhorn.parameters.insert("type".into(), "snap".into());
+    let err = c.snapshot(longhorn).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("type bi"), "{}", err.message());
+    // exportType (camelCase) is read first.
+    let mut camel = snapshot_req("camel", "pvc-a", "raw");
+    camel.parameters.insert("exportType".into(), "qcow2".into());
+    let snap = c.snapshot_ready(camel).await;
+    assert!(snap.snapshot_id.contains("export-type=qcow2"));
+
+    // 128-character upper-case name: mapped the same way on every call.
+    let long: String = "SNAPSHOT-"
+        .chars()
+        .chain(std::iter::repeat('X'))
+        .take(128)
+        .collect();
+    let first = c.snapshot_ready(snapshot_req(&long, "pvc-a", "raw")).await;
+    let second = c
+        .snapshot(snapshot_req(&long, "pvc-a", "raw"))
+        .await
+        .unwrap();
+    assert_eq!(first, second);
+    let image = image_of(&first.snapshot_id);
+    assert!(
+        image.len() <= 63 && image == image.to_lowercase(),
+        "{image}"
+    );
+    // Same name, other source: ALREADY_EXISTS.
+    let err = c
+        .snapshot(snapshot_req(&long, &vol_b.volume_id, "raw"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+    let err = c
+        .snapshot(snapshot_req(&long, "pvc-a", "qcow2"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+
+    // DeleteSnapshot: empty → INVALID_ARGUMENT; unknown and foreign ids → OK.
+    assert_eq!(
+        c.delete_snapshot("").await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    for id in [
+        "garbage",
+        "snap://vol/snap",
+        "bi://backing?backingImage=nothing&backingImageDataSourceType=download",
+        "bi://backing?backingImage=../x&backingImageDataSourceType=download",
+    ] {
+        c.delete_snapshot(id).await.unwrap();
+    }
+    c.delete_snapshot(&first.snapshot_id).await.unwrap();
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    assert_eq!(visible_images(&server), Vec::<String>::new());
+    c.delete_volume(&vol.volume_id).await;
+    c.delete_volume(&vol_b.volume_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volume_errors_and_idempotency() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let a = c
+        .create_volume(volume_req("pvc-idem", 10 * MIB, None))
+        .await
+        .unwrap();
+    let b = c
+        .create_volume(volume_req("pvc-idem", 10 * MIB, None))
+        .await
+        .unwrap();
+    assert_eq!(a, b);
+    let err = c
+        .create_volume(volume_req("pvc-idem", 20 * MIB, None))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+    let upper = "V".repeat(128);
+    let u1 = c
+        .create_volume(volume_req(&upper, 4 * MIB, None))
+        .await
+        .unwrap();
+    let u2 = c
+        .create_volume(volume_req(&upper, 4 * MIB, None))
+        .await
+        .unwrap();
+    assert_eq!(u1.volume_id, u2.volume_id);
+    for bad in ["", "../../etc", "x/y", "nul\0"] {
+        let err = c
+            .create_volume(volume_req(bad, MIB, None))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{bad:?}");
+    }
+    let mut no_caps = volume_req("pvc-nocaps", MIB, None);
+    no_caps.volume_capabilities.clear();
+    assert_eq!(
+        c.create_volume(no_caps).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    let mut multi = volume_req("pvc-multi", MIB, None);
+    multi.volume_capabilities[0].access_mode = Some(AccessMode {
+        mode: Mode::MultiNodeMultiWriter as i32,
+    });
+    assert_eq!(
+        c.create_volume(multi).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+
+    // Snapshot ids that are not ours, or incomplete.
+    let err = c
+        .create_volume(volume_req("r1", MIB, Some("garbage")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = c
+        .create_volume(volume_req("r2", MIB, Some("bi://backing?backingImage=x")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = c
+        .create_volume(volume_req("r3", MIB, Some("snap://v/s")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = c
+        .create_volume(volume_req(
+            "r4",
+            MIB,
+            Some("bi://backing?backingImage=x&backingImageDataSourceType=upload"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    // Unknown ids.
+    c.delete_volume("no-such-volume").await;
+    c.delete_volume("../../etc").await;
+    let err = c
+        .node
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: "no-such-volume".into(),
+            target_path: "/tmp/nowhere".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = c
+        .ctl
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: "no-such-volume".into(),
+            volume_capabilities: vec![block_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let ok = c
+        .ctl
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: a.volume_id.clone(),
+            volume_capabilities: vec![block_cap(), mount_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ok.confirmed.is_some());
+
+    // Expansion grows, never shrinks.
+    let grown = c
+        .ctl
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: a.volume_id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 30 * MIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 30 * MIB);
+    let volumes = c
+        .ctl
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(volumes.entries.len(), 2);
+    c.delete_volume(&a.volume_id).await;
+    c.delete_volume(&u1.volume_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn download_failures_leave_nothing_behind() {
+    let server = Server::start();
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let raw = pattern(2 * MIB as usize, 5);
+    let url = http.serve("/img.raw", raw.clone());
+    let wrong = sha512_hex(b"something else");
+    let handle = format!(
+        "bi://backing?backingImage=bad-sum&backingImageDataSourceType=download&url={url}&backingImageChecksum={wrong}"
+    );
+    let err = c
+        .create_volume_retrying(volume_req("pvc-bad-sum", 4 * MIB, Some(&handle)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("checksum mismatch"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(
+        visible_images(&server),
+        Vec::<String>::new(),
+        "nothing left behind"
+    );
+
+    // A malformed checksum is refused up front.
+    let handle = format!(
+        "bi://backing?backingImage=bad-form&backingImageDataSourceType=download&url={url}&backingImageChecksum=abc"
+    );
+    let err = c
+        .create_volume(volume_req("pvc-bad-form", 4 * MIB, Some(&handle)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    // Nothing listens on this port.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let handle = format!(
+        "bi://backing?backingImage=unreachable&backingImageDataSourceType=download&url=http://127.0.0.1:{port}/x.raw"
+    );
+    let err = c
+        .create_volume_retrying(volume_req("pvc-unreachable", 4 * MIB, Some(&handle)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("unreachable"), "{}", err.message());
+
+    let handle = format!(
+        "bi://backing?backingImage=missing&backingImageDataSourceType=download&url=http://127.0.0.1:{}/missing.raw",
+        http.port
+    );
+    let err = c
+        .create_volume_retrying(volume_req("pvc-404", 4 * MIB, Some(&handle)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert!(err.message().contains("404"), "{}", err.message());
+
+    // Only http, https and file URLs.
+    let handle =
+        "bi://backing?backingImage=ftp&backingImageDataSourceType=download&url=ftp://127.0.0.1/x";
+    let err = c
+        .create_volume(volume_req("pvc-ftp", 4 * MIB, Some(handle)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    // An image that refers to a backing file is refused.
+    let work = server.path().join("work");
+    fs::create_dir_all(&work).unwrap();
+    let base = work.join("base.raw");
+    fs::write(&base, vec![1u8; 65536]).unwrap();
+    let overlay = work.join("overlay.qcow2");
+    let ok = Command::new("qemu-img")
+        .args(["create", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(&base)
+        .arg(&overlay)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let url = http.serve("/hostile.qcow2", fs::read(&overlay).unwrap());
+    let handle =
+        format!("bi://backing?backingImage=hostile&backingImageDataSourceType=download&url={url}");
+    let err = c
+        .create_volume_retrying(volume_req("pvc-hostile", 4 * MIB, Some(&handle)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("backing file"), "{}", err.message());
+    assert_eq!(visible_images(&server), Vec::<String>::new());
+
+    // After all that the server still answers.
+    c.id.probe(ProbeRequest {}).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_snapshots_filters_and_pages() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let a = c
+        .create_volume(volume_req("vol-a", 4 * MIB, None))
+        .await
+        .unwrap();
+    let b = c
+        .create_volume(volume_req("vol-b", 4 * MIB, None))
+        .await
+        .unwrap();
+    let s1 = c
+        .snapshot_ready(snapshot_req("s1", &a.volume_id, "raw"))
+        .await;
+    let s2 = c
+        .snapshot_ready(snapshot_req("s2", &a.volume_id, "raw"))
+        .await;
+    let s3 = c
+        .snapshot_ready(snapshot_req("s3", &b.volume_id, "qcow2"))
+        .await;
+
+    let all = c.list(ListSnapshotsRequest::default()).await.unwrap();
+    let ids: Vec<String> = all
+        .entries
+        .iter()
+        .map(|e| e.snapshot.as_ref().unwrap().snapshot_id.clone())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            s1.snapshot_id.clone(),
+            s2.snapshot_id.clone(),
+            s3.snapshot_id.clone()
+        ]
+    );
+
+    let of_a = c
+        .list(ListSnapshotsRequest {
+            source_volume_id: a.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(of_a.entries.len(), 2);
+    let one = c
+        .list(ListSnapshotsRequest {
+            snapshot_id: s3.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(one.entries.len(), 1);
+    assert_eq!(one.entries[0].snapshot.as_ref().unwrap(), &s3);
+    for id in ["garbage", "bi://backing?backingImage=none&backingImageDataSourceType=export-from-volume&export-type=raw&volume-name=no-vol"] {
+        let none = c
+            .list(ListSnapshotsRequest {
+                snapshot_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(none.entries.is_empty(), "{id}");
+    }
+    let none = c
+        .list(ListSnapshotsRequest {
+            source_volume_id: "no-such-volume".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(none.entries.is_empty());
+
+    let page1 = c
+        .list(ListSnapshotsRequest {
+            max_entries: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page1.entries.len(), 2);
+    assert!(!page1.next_token.is_empty());
+    let page2 = c
+        .list(ListSnapshotsRequest {
+            max_entries: 2,
+            starting_token: page1.next_token.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page2.entries.len(), 1);
+    assert_eq!(
+        page2.entries[0].snapshot.as_ref().unwrap().snapshot_id,
+        s3.snapshot_id
+    );
+    assert!(page2.next_token.is_empty());
+    let err = c
+        .list(ListSnapshotsRequest {
+            starting_token: "not-a-token".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Aborted);
+
+    for s in [&s1, &s2, &s3] {
+        c.delete_snapshot(&s.snapshot_id).await.unwrap();
+    }
+    assert!(c
+        .list(ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .entries
+        .is_empty());
+    c.delete_volume(&a.volume_id).await;
+    c.delete_volume(&b.volume_id).await;
+}
+
+/// An image a volume is being created from cannot be deleted (FAILED_PRECONDITION); once the
+/// volume exists (it holds its own copy) it can.
+#[tokio::test(flavor = "multi_thread")]
+async fn image_in_use_cannot_be_deleted() {
+    let server = Server::start();
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let raw = pattern(MIB as usize, 21);
+    let url = http.serve("/slow.raw", raw);
+    http.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let handle =
+        format!("bi://backing?backingImage=slow&backingImageDataSourceType=download&url={url}");
+    let mut creator = server.clients().await;
+    let req = volume_req("pvc-slow", 2 * MIB, Some(&handle));
+    let task = tokio::spawn(async move { creator.create_volume_retrying(req).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_of(&server, "slow").is_none() {
+        assert!(Instant::now() < deadline, "the download never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let err = c.delete_snapshot(&handle).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("in use"), "{}", err.message());
+    http.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    let vol = task.await.unwrap().unwrap();
+    c.delete_snapshot(&handle).await.unwrap();
+    assert_eq!(visible_images(&server), Vec::<String>::new());
+    c.delete_volume(&vol.volume_id).await;
+}
