@@ -645,3 +645,46 @@ fn nobody_creates_in_a_world_writable_remote_dir() {
     assert_eq!(fs::metadata(local.join("mine")).unwrap().uid(), 65534);
     assert_eq!(fs::metadata(local.join("theirs")).unwrap().uid(), 65534);
 }
+
+/// The view remembers that a file has no `security.capability` (the kernel asks before
+/// every write); setting one through the view must be seen at once, and an unprivileged
+/// write must still drop it, as on any filesystem.
+#[test]
+fn file_capabilities_are_seen_and_dropped_by_unprivileged_writes() {
+    let m = Mount::new();
+    let dir = m.path("caps");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let f = dir.join("tool");
+    fs::write(&f, b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o777)).unwrap();
+    // Write once as root, so "no capability" is what the view has remembered.
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&f)
+        .unwrap()
+        .write_all(b"# a\n")
+        .unwrap();
+    assert_eq!(
+        errno_of(xattr_get(&f, "security.capability")),
+        libc::ENODATA
+    );
+    // VFS_CAP_REVISION_2 granting CAP_NET_BIND_SERVICE (bit 10) permitted.
+    let mut caps = Vec::new();
+    for word in [0x0200_0000u32, 1 << 10, 0, 0, 0] {
+        caps.extend_from_slice(&word.to_le_bytes());
+    }
+    xattr_set(&f, "security.capability", &caps).unwrap();
+    assert_eq!(xattr_get(&f, "security.capability").unwrap(), caps);
+    let (ok, out) = sh_as_nobody(&format!("echo '# b' >> '{}'", f.display()));
+    assert!(ok, "{out}");
+    assert_eq!(
+        errno_of(xattr_get(&f, "security.capability")),
+        libc::ENODATA
+    );
+    let local = m.local.join("caps/tool");
+    assert_eq!(
+        errno_of(xattr_get(&local, "security.capability")),
+        libc::ENODATA
+    );
+}

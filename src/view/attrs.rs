@@ -19,6 +19,11 @@ use super::node::{Layer, Node};
 use super::{marker, Stat, View};
 use crate::store::{self, cname, xattr, Kind};
 
+/// The kernel asks for this attribute before every write (to drop file capabilities when
+/// an unprivileged caller writes); its absence is remembered per node, since every change to
+/// an object's attributes goes through the view.
+const CAPABILITY: &[u8] = b"security.capability";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Time {
     Now,
@@ -101,19 +106,27 @@ impl View {
     }
 
     pub fn getxattr(&self, node: &Node, name: &OsStr) -> Result<Vec<u8>, Errno> {
-        if node.layer() == Layer::Virtual {
-            return Err(Errno::ENODATA);
+        let caps = name.as_bytes() == CAPABILITY;
+        {
+            let st = node.state();
+            if st.layer == Layer::Virtual || (caps && st.no_capability) {
+                return Err(Errno::ENODATA);
+            }
         }
         let fd = self.object_fd(node)?;
         let path = store::proc_path(fd.as_fd());
-        match node.layer() {
+        let value = match node.layer() {
             Layer::Virtual => Err(Errno::ENODATA),
             Layer::Local => xattr::get(
                 &path,
                 &marker::escape(name.as_bytes()).ok_or(Errno::EINVAL)?,
             ),
             Layer::Remote => xattr::get(&path, &to_cstring(name)?),
+        };
+        if caps && value == Err(Errno::ENODATA) {
+            node.state().no_capability = true;
         }
+        value
     }
 
     /// The attribute names as the view shows them, NUL-terminated one after another.
@@ -147,6 +160,9 @@ impl View {
         self.make_local(node, true)?;
         let fd = self.object_fd(node)?;
         let stored = marker::escape(name.as_bytes()).ok_or(Errno::EINVAL)?;
+        if name.as_bytes() == CAPABILITY {
+            node.state().no_capability = false;
+        }
         xattr::set(&store::proc_path(fd.as_fd()), &stored, value, flags)
     }
 

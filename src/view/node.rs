@@ -47,6 +47,8 @@ pub struct NodeState {
     pub link: Option<Arc<[u8]>>,
     /// How many times the kernel was handed this node and has not forgotten it yet.
     pub lookups: u64,
+    /// Known to carry no `security.capability` attribute (see `attrs`).
+    pub no_capability: bool,
 }
 
 impl Node {
@@ -99,6 +101,7 @@ impl NodeState {
             remote: None,
             link: None,
             lookups: 0,
+            no_capability: false,
         }
     }
 
