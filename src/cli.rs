@@ -24,6 +24,25 @@ pub enum Command {
     Mount(MountArgs),
     /// Serve the CSI driver (volumes and BackingImage snapshots) on a unix socket.
     Csi(CsiArgs),
+    /// Show a running mount's state: remote health, the last refresh round, and why each
+    /// object that is not shown is not ready.
+    Status(ControlArgs),
+    /// Run a refresh round on a running mount now, and show what it changed.
+    Refresh(ControlArgs),
+    /// List a running mount's ready layers.
+    Layers(ControlArgs),
+    /// List a running mount's ready images.
+    Images(ControlArgs),
+}
+
+/// The arguments of the commands that ask a running mount over its control socket.
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    /// Print the answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The mount to ask.
+    pub mountpoint: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -47,6 +66,9 @@ pub struct MountArgs {
     /// How `<driver>/<id>` links point at `RO/<id>`: absolute, as iSulad writes them, or relative.
     #[arg(long, value_enum)]
     pub link_style: Option<LinkStyleArg>,
+    /// Seconds between refresh rounds of the remote; 0 = only on demand (same as `-o refresh=`).
+    #[arg(long, value_name = "SECS")]
+    pub refresh: Option<String>,
     /// Mount options, comma-separated (see below).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -72,6 +94,9 @@ impl MountArgs {
         }
         if let Some(driver) = self.driver {
             config.apply_option(&format!("driver={driver}"))?;
+        }
+        if let Some(refresh) = self.refresh {
+            config.apply_option(&format!("refresh={refresh}"))?;
         }
         if let Some(style) = self.link_style {
             config.link_style = match style {
@@ -111,6 +136,19 @@ pub struct CsiArgs {
     /// (and the caller retries).
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub image_wait: u64,
+    /// Allow `file://` download URLs, for regular files below DIR only. Without it they are
+    /// refused: the driver runs as root and would read any host file.
+    #[arg(long, value_name = "DIR")]
+    pub file_root: Option<PathBuf>,
+    /// Refuse http(s) download URLs whose host is a loopback, link-local or private address.
+    #[arg(long)]
+    pub deny_private_urls: bool,
+    /// The largest image a download may produce, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::csi::download::DEFAULT_MAX_SIZE)]
+    pub max_image_size: u64,
+    /// Seconds a download may receive nothing before it fails.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub download_idle_timeout: u64,
 }
 
 impl CsiArgs {
@@ -125,6 +163,10 @@ impl CsiArgs {
             store: self.store,
             backing_images,
             image_wait: std::time::Duration::from_secs(self.image_wait),
+            file_root: self.file_root,
+            deny_private_urls: self.deny_private_urls,
+            max_image_size: self.max_image_size,
+            download_idle_timeout: std::time::Duration::from_secs(self.download_idle_timeout),
         }
     }
 }

@@ -21,7 +21,15 @@ mount options (-o a,b=c,...):
   allow_root           let root use the mount too
   ro | rw              mount read-only or read-write [rw]
   suid | dev           honour set-user-ID bits / device nodes in the view [nosuid,nodev]
-  threads=N            threads serving requests [number of CPUs, at least 2]
+  threads=N            threads serving requests [twice the CPUs, at least 4]
+  refresh=SECS         seconds between refresh rounds of the remote; 0 = only on demand
+                       (`layerfs refresh`, SIGUSR1); a suffix s or ms is accepted [5]
+  scan_timeout=SECS    how long a scan of the remote may take before the remote counts
+                       as not answering [30]
+  hide_unhealthy       hide remote layers and images while the remote does not answer
+                       (default: keep serving what was last seen)
+  noinotify            never watch the remote with inotify (it is watched only when it
+                       is a local filesystem and refresh is not 0)
   passthrough | nopassthrough
                        let the kernel do file I/O directly where it can [passthrough]
   entry_timeout=SECS   how long the kernel caches names [3600]
@@ -49,6 +57,11 @@ pub struct MountConfig {
     pub attr_timeout: Duration,
     pub log_file: Option<PathBuf>,
     pub fsname: Option<String>,
+    /// Time between refresh rounds; zero = only on demand.
+    pub refresh: Duration,
+    pub scan_timeout: Duration,
+    pub hide_unhealthy: bool,
+    pub inotify: bool,
 }
 
 impl Default for MountConfig {
@@ -65,14 +78,20 @@ impl Default for MountConfig {
             suid: false,
             dev: false,
             foreground: false,
+            // A request that reads a stalled remote holds its thread until the remote
+            // answers; more threads than CPUs keep local paths served meanwhile.
             threads: std::thread::available_parallelism()
-                .map_or(2, |n| n.get())
-                .max(2),
+                .map_or(4, |n| n.get() * 2)
+                .clamp(4, 64),
             passthrough: true,
             entry_timeout: Duration::from_secs(3600),
             attr_timeout: Duration::from_secs(3600),
             log_file: None,
             fsname: None,
+            refresh: Duration::from_secs(5),
+            scan_timeout: Duration::from_secs(30),
+            hide_unhealthy: false,
+            inotify: true,
         }
     }
 }
@@ -127,6 +146,16 @@ impl MountConfig {
             }
             ("entry_timeout", v) => self.entry_timeout = parse_secs(opt, &need(v)?)?,
             ("attr_timeout", v) => self.attr_timeout = parse_secs(opt, &need(v)?)?,
+            ("refresh", v) => self.refresh = parse_duration(opt, &need(v)?)?,
+            ("scan_timeout", v) => {
+                self.scan_timeout = parse_duration(opt, &need(v)?)?;
+                if self.scan_timeout.is_zero() {
+                    return Err(bad(opt, "must be more than 0 seconds"));
+                }
+            }
+            ("hide_unhealthy", None) => self.hide_unhealthy = true,
+            ("inotify", None) => self.inotify = true,
+            ("noinotify", None) => self.inotify = false,
             ("log_file", v) => self.log_file = Some(PathBuf::from(need(v)?)),
             ("fsname", v) => self.fsname = Some(need(v)?),
             (
@@ -140,7 +169,10 @@ impl MountConfig {
                 | "nodev"
                 | "default_permissions"
                 | "passthrough"
-                | "nopassthrough",
+                | "nopassthrough"
+                | "hide_unhealthy"
+                | "inotify"
+                | "noinotify",
                 Some(_),
             ) => return Err(bad(opt, "takes no value")),
             _ => return Err(Error::UnknownOption(opt.to_owned())),
@@ -224,6 +256,24 @@ fn parse_secs(opt: &str, value: &str) -> Result<Duration> {
         .ok_or_else(|| bad(opt, "must be a number of seconds"))
 }
 
+/// Seconds, as a plain number or with an `s` or `ms` suffix (`refresh=5s`, `refresh=500ms`).
+fn parse_duration(opt: &str, value: &str) -> Result<Duration> {
+    let (number, scale) = if let Some(ms) = value.strip_suffix("ms") {
+        (ms, 0.001)
+    } else if let Some(s) = value.strip_suffix('s') {
+        (s, 1.0)
+    } else {
+        (value, 1.0)
+    };
+    number
+        .parse::<f64>()
+        .ok()
+        .map(|n| n * scale)
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 1e7)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| bad(opt, "must be a number of seconds (e.g. 5, 5s, 500ms)"))
+}
+
 fn existing_dir(what: &'static str, path: &Path) -> Result<PathBuf> {
     let err = |reason: String| Error::BadPath {
         what,
@@ -299,10 +349,28 @@ mod tests {
             ("local", "local"),
             ("allow_other=1", "allow_other=1"),
             ("entry_timeout=-3", "entry_timeout=-3"),
+            ("refresh=soon", "refresh=soon"),
+            ("scan_timeout=0", "scan_timeout=0"),
+            ("hide_unhealthy=1", "hide_unhealthy=1"),
         ] {
             let err = c.apply_options(opt).unwrap_err().to_string();
             assert!(err.contains(needle), "{opt}: {err}");
         }
+    }
+
+    #[test]
+    fn refresh_options() {
+        let mut c = MountConfig::default();
+        assert_eq!(c.refresh, Duration::from_secs(5));
+        c.apply_options("refresh=5s,scan_timeout=2.5,hide_unhealthy,noinotify")
+            .unwrap();
+        assert_eq!(c.refresh, Duration::from_secs(5));
+        assert_eq!(c.scan_timeout, Duration::from_millis(2500));
+        assert!(c.hide_unhealthy && !c.inotify);
+        c.apply_options("refresh=0").unwrap();
+        assert!(c.refresh.is_zero());
+        c.apply_options("refresh=250ms").unwrap();
+        assert_eq!(c.refresh, Duration::from_millis(250));
     }
 
     #[test]

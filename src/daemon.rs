@@ -2,7 +2,9 @@
 //!
 //! The parent forks before any thread exists, then waits on a pipe. The child mounts and
 //! writes one line: `ok`, or the error. The parent prints the error (or nothing) and exits
-//! 0 only on `ok`; if the child dies without a word the parent says so and fails.
+//! 0 only on `ok`, with the caller's failure code otherwise; if the child dies without a
+//! word the parent says so and fails. A daemon run by systemd with `Type=notify` (in the
+//! foreground) tells systemd the same moment with `READY=1`.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -21,11 +23,17 @@ impl Readiness {
         Readiness { pipe: None }
     }
 
-    /// Tells the waiting parent the mount is live, and cuts the daemon off the terminal.
+    /// Tells the waiting parent (or systemd) the mount is live, and cuts a detached daemon
+    /// off the terminal.
     pub fn ready(&mut self) {
         if let Some(mut pipe) = self.pipe.take() {
             let _ = pipe.write_all(b"ok\n");
             detach_stdio();
+        }
+        if std::env::var_os("NOTIFY_SOCKET").is_some() {
+            if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+                tracing::warn!(error = %e, "could not tell systemd the mount is ready");
+            }
         }
     }
 
@@ -37,14 +45,16 @@ impl Readiness {
     }
 }
 
-/// Forks. In the parent this never returns: it exits with the child's verdict.
-pub fn detach() -> std::io::Result<Readiness> {
+/// Forks. In the parent this never returns: it exits with 0 once the child says the mount
+/// is live, with `failure_code` otherwise.
+pub fn detach(failure_code: i32) -> std::io::Result<Readiness> {
     let (read, write) = nix::unistd::pipe()?;
     // SAFETY: called before the process starts any thread.
     match unsafe { fork() }? {
         ForkResult::Parent { .. } => {
             drop(write);
-            std::process::exit(wait_for_child(read));
+            let live = wait_for_child(read);
+            std::process::exit(if live { 0 } else { failure_code });
         }
         ForkResult::Child => {
             drop(read);
@@ -57,18 +67,19 @@ pub fn detach() -> std::io::Result<Readiness> {
     }
 }
 
-fn wait_for_child(read: OwnedFd) -> i32 {
+/// Waits for the child's word; prints why when it is not `ok`.
+fn wait_for_child(read: OwnedFd) -> bool {
     let mut message = String::new();
     let _ = File::from(read).read_to_string(&mut message);
     match message.trim_end() {
-        "ok" => 0,
+        "ok" => true,
         "" => {
             eprintln!("layerfs: the daemon exited before the mount was live");
-            1
+            false
         }
         reason => {
             eprintln!("layerfs: {reason}");
-            1
+            false
         }
     }
 }

@@ -24,6 +24,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("detaching the daemon: {0}")]
+    Detach(#[source] std::io::Error),
     #[error("opening {}: {source}", path.display())]
     Open {
         path: PathBuf,

@@ -5,15 +5,20 @@
 //! synthesized iSulad remote-RO layout) → [`store`] (safe access to the trees on disk).
 //! [`layout`] scans the remote tree into the index of ready layers and images the view
 //! shows. [`config`] holds a mount's options, [`mount`] serves one, [`daemon`] detaches.
+//! [`control`] answers `layerfs status`, `refresh`, `layers` and `images` over a mount's
+//! socket.
 
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod csi;
 pub mod daemon;
 pub mod error;
 pub mod fs;
+pub mod launch;
 pub mod layout;
 pub mod mount;
+pub mod refresh;
 pub mod store;
 pub mod view;
 

@@ -3,8 +3,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::Parser;
-use layerfs::cli::{Cli, Command};
-use layerfs::daemon::{self, Readiness};
+use layerfs::cli::{Cli, Command, ControlArgs};
+use layerfs::control::Op;
 use layerfs::MountConfig;
 
 fn main() -> ExitCode {
@@ -18,6 +18,10 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(mount),
         Command::Csi(args) => csi(args.into_config()),
+        Command::Status(args) => control(Op::Status, args),
+        Command::Refresh(args) => control(Op::Refresh, args),
+        Command::Layers(args) => control(Op::Layers, args),
+        Command::Images(args) => control(Op::Images, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -57,20 +61,19 @@ fn one_line(text: &str) -> String {
     }
 }
 
-fn mount(mut config: MountConfig) -> anyhow::Result<()> {
-    config.validate()?;
-    let mut readiness = if config.foreground {
-        Readiness::foreground()
-    } else {
-        daemon::detach().context("detaching the daemon")?
-    };
-    init_logging(&config);
-    let result = layerfs::mount::serve(&config, &mut readiness);
-    if let Err(e) = &result {
-        readiness.failed(&e.to_string());
-        tracing::error!(error = %e, "mount failed");
-    }
-    Ok(result?)
+fn mount(config: MountConfig) -> anyhow::Result<()> {
+    Ok(layerfs::launch::mount(config, 1)?)
+}
+
+/// `layerfs status|refresh|layers|images`: prints the mount's answer.
+fn control(op: Op, args: ControlArgs) -> anyhow::Result<()> {
+    use std::io::Write;
+    let reply = layerfs::control::command(&args.mountpoint, op, args.json)?;
+    std::io::stdout()
+        .lock()
+        .write_all(reply.text.as_bytes())
+        .context("writing the answer")?;
+    Ok(reply.outcome?)
 }
 
 fn csi(config: layerfs::csi::Config) -> anyhow::Result<()> {
@@ -85,40 +88,4 @@ fn csi(config: layerfs::csi::Config) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     Ok(runtime.block_on(layerfs::csi::serve(config))?)
-}
-
-fn init_logging(config: &MountConfig) {
-    use tracing_subscriber::EnvFilter;
-    // A detached daemon without a log file keeps the terminal it returns to quiet: until
-    // it is ready only warnings reach stderr, and after that stderr is /dev/null.
-    let default = if config.foreground || config.log_file.is_some() {
-        "info"
-    } else {
-        "warn"
-    };
-    // fuser warns that its own unmount-on-drop failed after every external umount: the
-    // filesystem is already gone then, so that line says nothing.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{default},fuser::session=error")));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match (&config.log_file, config.foreground) {
-        (Some(path), _) => match std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            Ok(file) => builder
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file))
-                .init(),
-            Err(e) => {
-                eprintln!(
-                    "layerfs: log file {}: {e}; logging to stderr",
-                    path.display()
-                );
-                builder.with_writer(std::io::stderr).init();
-            }
-        },
-        _ => builder.with_writer(std::io::stderr).init(),
-    }
 }

@@ -1,17 +1,19 @@
-//! Serving a mount: open the trees, scan the remote, build the view, mount, run until
-//! unmounted.
+//! Serving a mount: open the trees, scan the remote, build the view, mount, follow the
+//! remote with refresh rounds, run until unmounted.
 
 use std::sync::Arc;
 
 use fuser::{Config, MountOption, Session, SessionACL};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use tracing::{info, warn};
 
 use crate::config::MountConfig;
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
 use crate::fs::{LayerFs, Timeouts};
-use crate::layout::LayoutIndex;
+use crate::layout::{LayoutIndex, Scanner};
+use crate::refresh::report::MountControl;
+use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
 use crate::view::{open_root, Layout, View};
 
 /// Mounts and serves until the filesystem is unmounted (by `umount`, `fusermount3 -u`, or
@@ -29,24 +31,48 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     };
     let remote = open(&config.remote)?;
     let local = open(&config.local)?;
-    let index = LayoutIndex::scan(&config.remote, &config.driver);
+    let layout = Layout::new(&config.driver, &config.mountpoint, config.link_style);
+    let view =
+        View::new(layout, local, remote, LayoutIndex::default()).map_err(|source| Error::Open {
+            path: config.local.clone(),
+            source,
+        })?;
+    let view = Arc::new(view);
+
+    // The first round gives the view its index before the kernel sees anything, through
+    // the same scanner (and timeout) as every later round: a remote that does not answer
+    // at mount time yields an empty, unhealthy view that fills in once it does.
+    let mut refresher = Refresher::new(
+        view.clone(),
+        Box::new(Scanner::new(&config.remote, &config.driver)),
+        MountInfo {
+            mountpoint: config.mountpoint.clone(),
+            remote: config.remote.clone(),
+            local: config.local.clone(),
+            driver: config.driver.clone(),
+        },
+        refresh::Options {
+            interval: config.refresh,
+            scan_timeout: config.scan_timeout,
+            hide_unhealthy: config.hide_unhealthy,
+            inotify: config.inotify,
+        },
+    );
+    let first = refresher.round();
     info!(
         remote = %config.remote.display(),
-        layers = index.layers().count(),
-        images = index.images().count(),
-        not_ready = index.not_ready().len(),
+        layers = first.ready_layers,
+        images = first.ready_images,
+        not_ready = first.not_ready.len(),
+        ms = first.duration.as_secs_f64() * 1000.0,
+        error = first.error.as_deref().unwrap_or(""),
         "remote tree scanned"
     );
-    let layout = Layout::new(&config.driver, &config.mountpoint, config.link_style);
-    let view = View::new(layout, local, remote, index).map_err(|source| Error::Open {
-        path: config.local.clone(),
-        source,
-    })?;
     let timeouts = Timeouts {
         entry: config.entry_timeout,
         attr: config.attr_timeout,
     };
-    let fs = LayerFs::new(Arc::new(view), timeouts, config.passthrough);
+    let fs = LayerFs::new(view, timeouts, config.passthrough);
 
     let mut session =
         Session::new(fs, &config.mountpoint, &fuse_config(config)).map_err(|source| {
@@ -55,6 +81,29 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
                 source,
             }
         })?;
+    let handle: Arc<RefreshHandle> = refresher.handle();
+    refresher
+        .start(Box::new(session.notifier()))
+        .map_err(|source| Error::Mount {
+            path: config.mountpoint.clone(),
+            source,
+        })?;
+    let control: Arc<dyn MountControl> = handle.clone();
+    // Lives until the mount ends; dropping it removes the socket. A mount that cannot have
+    // its socket (no writable run dir) still serves: the socket is for looking, not for use.
+    let socket = crate::control::socket_path(&config.mountpoint);
+    let _control_server = match crate::control::serve(control, &socket) {
+        Ok(server) => {
+            handle.set_socket(&socket);
+            Some(server)
+        }
+        Err(e) => {
+            warn!(error = %e, "no control socket: `layerfs status` cannot reach this mount");
+            None
+        }
+    };
+    on_sigusr1_refresh(&handle);
+
     let mut unmounter = session.unmount_callable();
     let mountpoint = config.mountpoint.clone();
     match signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]) {
@@ -82,8 +131,40 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         path: config.mountpoint.clone(),
         source,
     })?;
+    handle.stop();
     info!(mountpoint = %config.mountpoint.display(), "unmounted");
     Ok(())
+}
+
+/// `kill -USR1 <daemon>` runs a refresh round now and logs it: handy where the control
+/// socket is not reachable, and in benchmarks.
+fn on_sigusr1_refresh(handle: &Arc<RefreshHandle>) {
+    let handle = Arc::downgrade(handle);
+    let spawned = signal_hook::iterator::Signals::new([SIGUSR1]).and_then(|mut signals| {
+        std::thread::Builder::new()
+            .name("sigusr1".into())
+            .spawn(move || {
+                for _ in signals.forever() {
+                    let Some(handle) = handle.upgrade() else {
+                        return;
+                    };
+                    let report = handle.refresh();
+                    info!(
+                        added = report.added.len(),
+                        removed = report.removed.len(),
+                        changed = report.changed.len(),
+                        layers = report.ready_layers,
+                        images = report.ready_images,
+                        ms = report.duration.as_secs_f64() * 1000.0,
+                        error = report.error.as_deref().unwrap_or(""),
+                        "refresh round on SIGUSR1"
+                    );
+                }
+            })
+    });
+    if let Err(e) = spawned {
+        warn!(error = %e, "SIGUSR1 will not trigger refresh rounds");
+    }
 }
 
 fn fuse_config(config: &MountConfig) -> Config {

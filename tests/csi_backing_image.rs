@@ -46,6 +46,10 @@ impl Server {
     }
 
     fn start_with(extra: &[&str]) -> Server {
+        Server::start_env(extra, &[])
+    }
+
+    fn start_env(extra: &[&str], env: &[(&str, String)]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = dir.path().join("csi.sock");
         let store = dir.path().join("store");
@@ -60,6 +64,7 @@ impl Server {
             .arg("--backing-images")
             .arg(&images)
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .spawn()
             .expect("start layerfs csi");
@@ -413,6 +418,8 @@ struct HttpServer {
     port: u16,
     files: Arc<Mutex<HashMap<String, Vec<u8>>>>,
     hold: Arc<std::sync::atomic::AtomicBool>,
+    /// Paths whose body stops after this many bytes (the connection stays open, silent).
+    stalls: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl HttpServer {
@@ -423,11 +430,14 @@ impl HttpServer {
         let served = Arc::clone(&files);
         let hold: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         let held = Arc::clone(&hold);
+        let stalls: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let stalling = Arc::clone(&stalls);
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
                 let files = Arc::clone(&served);
                 let held = Arc::clone(&held);
+                let stalling = Arc::clone(&stalling);
                 std::thread::spawn(move || {
                     let deadline = Instant::now() + Duration::from_secs(60);
                     while held.load(std::sync::atomic::Ordering::SeqCst)
@@ -446,6 +456,24 @@ impl HttpServer {
                     let head = String::from_utf8_lossy(&head);
                     let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
                     let body = files.lock().map(|f| f.get(&path).cloned()).unwrap_or(None);
+                    let stall = stalling
+                        .lock()
+                        .map(|s| s.get(&path).copied())
+                        .unwrap_or(None);
+                    if let (Some(body), Some(after)) = (&body, stall) {
+                        let _ = stream
+                            .write_all(
+                                format!(
+                                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                                    body.len()
+                                )
+                                .as_bytes(),
+                            )
+                            .and_then(|()| stream.write_all(&body[..after.min(body.len())]))
+                            .and_then(|()| stream.flush());
+                        std::thread::sleep(Duration::from_secs(60));
+                        return;
+                    }
                     let _ = match body {
                         Some(body) => stream
                             .write_all(
@@ -463,7 +491,12 @@ impl HttpServer {
                 });
             }
         });
-        HttpServer { port, files, hold }
+        HttpServer {
+            port,
+            files,
+            hold,
+            stalls,
+        }
     }
 
     fn serve(&self, path: &str, body: Vec<u8>) -> String {
@@ -524,10 +557,11 @@ async fn identity_and_capabilities() {
         T::CreateDeleteVolume,
         T::CreateDeleteSnapshot,
         T::ListSnapshots,
-        T::ExpandVolume,
     ] {
         assert!(types.contains(&(t as i32)), "{t:?} advertised");
     }
+    // No resizer can run per node, so expansion is not advertised.
+    assert!(!types.contains(&(T::ExpandVolume as i32)));
     assert!(!types.contains(&(T::PublishUnpublishVolume as i32)));
     let info = c
         .node
@@ -1324,4 +1358,382 @@ async fn image_in_use_cannot_be_deleted() {
     c.delete_snapshot(&handle).await.unwrap();
     assert_eq!(visible_images(&server), Vec::<String>::new());
     c.delete_volume(&vol.volume_id).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data safety and liveness
+
+/// Every `.tmp-*` entry under `root`, at any depth.
+fn temps_under(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if entry.file_name().to_string_lossy().starts_with(".tmp-") {
+                found.push(path.clone());
+            }
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                dirs.push(path);
+            }
+        }
+    }
+    found
+}
+
+fn mount_volume_req(name: &str, bytes: i64) -> CreateVolumeRequest {
+    let mut req = volume_req(name, bytes, None);
+    req.volume_capabilities = vec![mount_cap()];
+    req
+}
+
+/// A failing `blkid` (here: exit 8, ambiguous signatures) must not make NodePublish format a
+/// volume that holds a filesystem.
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_never_formats_when_blkid_fails() {
+    let tools = tempfile::tempdir().unwrap();
+    let flag = tools.path().join("fail");
+    let real = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v blkid"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let wrapper = tools.path().join("blkid");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n[ -e '{}' ] && {{ echo 'ambiguous signatures' >&2; exit 8; }}\nexec {} \"$@\"\n",
+            flag.display(),
+            real.trim()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod")
+        .arg("+x")
+        .arg(&wrapper)
+        .status()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        tools.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let server = Server::start_env(&[], &[("PATH", path)]);
+    let mut c = server.clients().await;
+    let vol = c
+        .create_volume(mount_volume_req("pvc-keep", 32 * MIB))
+        .await
+        .unwrap();
+    let target = server.path().join("targets/keep");
+    c.publish_mount(&vol.volume_id, &target).await;
+    fs::write(target.join("precious"), b"do not lose me").unwrap();
+    c.unpublish(&vol.volume_id, &target).await;
+
+    fs::write(&flag, b"").unwrap();
+    let err = c
+        .node
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            target_path: target.to_string_lossy().into_owned(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("not formatted"), "{}", err.message());
+
+    fs::remove_file(&flag).unwrap();
+    c.publish_mount(&vol.volume_id, &target).await;
+    assert_eq!(
+        fs::read(target.join("precious")).unwrap(),
+        b"do not lose me"
+    );
+    c.unpublish(&vol.volume_id, &target).await;
+    c.delete_volume(&vol.volume_id).await;
+}
+
+/// A CO that gives up on CreateSnapshot and CreateVolume at once (a tiny gRPC deadline) does
+/// not stop the copies: retries find them, exactly one image and one volume result, and no
+/// temp file is left anywhere.
+#[tokio::test(flavor = "multi_thread")]
+async fn tiny_deadlines_do_not_restart_or_leak_copies() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let work = server.path().join("targets");
+    let vol = c
+        .create_volume(volume_req("pvc-big", 320 * MIB, None))
+        .await
+        .unwrap();
+    // 256 MiB really written (the cut reads them all), but mostly zeros, which the qcow2
+    // export leaves out: the image stays small and quick to checksum.
+    let mut written = vec![0u8; 256 * MIB as usize];
+    let data = pattern(MIB as usize, 42);
+    let at = 200 * MIB as usize;
+    written[at..at + data.len()].copy_from_slice(&data);
+    c.write_block(&vol.volume_id, &work, 0, &written).await;
+
+    let req = snapshot_req("snap-big", &vol.volume_id, "qcow2");
+    let mut tiny = tonic::Request::new(req.clone());
+    tiny.set_timeout(Duration::from_millis(5));
+    let first = c.ctl.create_snapshot(tiny).await;
+    assert!(first.is_err(), "the tiny deadline expires");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let snap = loop {
+        assert!(Instant::now() < deadline, "the snapshot never became ready");
+        let mut r = tonic::Request::new(req.clone());
+        r.set_timeout(Duration::from_millis(50));
+        match c.ctl.create_snapshot(r).await {
+            Ok(resp) => {
+                let snap = resp.into_inner().snapshot.unwrap();
+                if snap.ready_to_use {
+                    break snap;
+                }
+            }
+            Err(s) => assert!(
+                matches!(
+                    s.code(),
+                    Code::DeadlineExceeded | Code::Cancelled | Code::Aborted
+                ),
+                "{s:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        visible_images(&server),
+        vec!["snap-big.img".to_owned(), "snap-big.json".to_owned()]
+    );
+    let state = state_of(&server, "snap-big").unwrap();
+    assert_eq!(state["progress"]["done"], state["progress"]["total"]);
+
+    let vreq = volume_req("pvc-big-restored", 320 * MIB, Some(&snap.snapshot_id));
+    let restored = loop {
+        assert!(Instant::now() < deadline, "the restore never finished");
+        let mut r = tonic::Request::new(vreq.clone());
+        r.set_timeout(Duration::from_millis(20));
+        match c.ctl.create_volume(r).await {
+            Ok(resp) => break resp.into_inner().volume.unwrap(),
+            Err(s) => assert!(
+                matches!(
+                    s.code(),
+                    Code::DeadlineExceeded | Code::Cancelled | Code::Aborted
+                ),
+                "{s:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(temps_under(server.path()), Vec::<PathBuf>::new());
+    let (got, _) = c
+        .read_block(&restored.volume_id, &work, at as u64, data.len())
+        .await;
+    assert!(got == data, "restored bytes differ");
+    c.delete_volume(&restored.volume_id).await;
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    c.delete_volume(&vol.volume_id).await;
+    assert_eq!(temps_under(server.path()), Vec::<PathBuf>::new());
+}
+
+/// A snapshot of a published Mount volume holds what was just written, without any sync by
+/// the writer: the filesystem is frozen (flushed) for the cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_of_published_volume_is_point_in_time() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let work = server.path().join("targets");
+    let vol = c
+        .create_volume(mount_volume_req("pvc-live", 64 * MIB))
+        .await
+        .unwrap();
+    let target = work.join("live");
+    c.publish_mount(&vol.volume_id, &target).await;
+    let content = pattern(3 * MIB as usize, 9);
+    fs::write(target.join("fresh.bin"), &content).unwrap(); // no fsync
+
+    let snap = c
+        .snapshot_ready(snapshot_req("snap-live", &vol.volume_id, "raw"))
+        .await;
+    // The writer is not blocked once the snapshot is cut.
+    fs::write(target.join("after.txt"), b"later").unwrap();
+
+    let mut req = volume_req("pvc-live-restored", 64 * MIB, Some(&snap.snapshot_id));
+    req.volume_capabilities = vec![mount_cap()];
+    let restored = c.create_volume(req).await.unwrap();
+    let target2 = work.join("restored");
+    c.publish_mount(&restored.volume_id, &target2).await;
+    let got = fs::read(target2.join("fresh.bin")).expect("the fresh file is in the snapshot");
+    assert!(got == content, "the fresh file's bytes differ");
+    assert!(!target2.join("after.txt").exists());
+    c.unpublish(&restored.volume_id, &target2).await;
+    c.unpublish(&vol.volume_id, &target).await;
+    c.delete_volume(&restored.volume_id).await;
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    c.delete_volume(&vol.volume_id).await;
+}
+
+/// `file://` URLs: disabled without `--file-root`; with it, only regular files below the root,
+/// never through a symlink, never a FIFO. `--deny-private-urls` refuses loopback hosts.
+#[tokio::test(flavor = "multi_thread")]
+async fn file_urls_are_confined() {
+    let code = |r: Result<Volume, tonic::Status>| r.map(|_| Code::Ok).unwrap_or_else(|s| s.code());
+    let handle = |name: &str, url: &str| {
+        format!("bi://backing?backingImage={name}&backingImageDataSourceType=download&url={url}")
+    };
+
+    // Disabled.
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let err = c
+        .create_volume(volume_req(
+            "pvc-shadow",
+            4 * MIB,
+            Some(&handle("shadow", "file:///etc/shadow")),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("--file-root"), "{}", err.message());
+    drop(c);
+    drop(server);
+
+    // Confined to the root.
+    let root = tempfile::tempdir().unwrap();
+    let raw = pattern(2 * MIB as usize, 77);
+    fs::write(root.path().join("ok.raw"), &raw).unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", root.path().join("link.raw")).unwrap();
+    let fifo = root.path().join("fifo.raw");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let root_s = root.path().to_string_lossy().into_owned();
+    let server = Server::start_with(&["--file-root", &root_s, "--deny-private-urls"]);
+    let mut c = server.clients().await;
+    let ok = format!("file://{root_s}/ok.raw");
+    let vol = c
+        .create_volume_retrying(volume_req(
+            "pvc-file",
+            4 * MIB,
+            Some(&handle("from-file", &ok)),
+        ))
+        .await
+        .unwrap();
+    let work = server.path().join("targets");
+    let (got, _) = c.read_block(&vol.volume_id, &work, 0, raw.len()).await;
+    assert!(got == raw);
+    for (name, url) in [
+        ("outside", "file:///etc/shadow".to_owned()),
+        ("dotdot", format!("file://{root_s}/../../etc/shadow")),
+        ("link", format!("file://{root_s}/link.raw")),
+        ("fifo", format!("file://{root_s}/fifo.raw")),
+        ("loopback", "http://127.0.0.1:9/x.raw".to_owned()),
+    ] {
+        let got = code(
+            c.create_volume_retrying(volume_req(
+                &format!("pvc-{name}"),
+                4 * MIB,
+                Some(&handle(name, &url)),
+            ))
+            .await,
+        );
+        assert_eq!(got, Code::InvalidArgument, "{name}: {url}");
+    }
+    assert_eq!(
+        visible_images(&server),
+        vec!["from-file.img".to_owned(), "from-file.json".to_owned()]
+    );
+    c.delete_volume(&vol.volume_id).await;
+}
+
+/// A download whose body stalls fails after the idle timeout, leaves nothing, and later calls
+/// work.
+#[tokio::test(flavor = "multi_thread")]
+async fn stalled_download_fails() {
+    let server = Server::start_with(&["--download-idle-timeout", "2", "--image-wait", "20"]);
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let raw = pattern(4 * MIB as usize, 1);
+    let url = http.serve("/stall.raw", raw.clone());
+    http.stalls
+        .lock()
+        .unwrap()
+        .insert("/stall.raw".into(), MIB as usize);
+    let handle =
+        format!("bi://backing?backingImage=stall&backingImageDataSourceType=download&url={url}");
+    let started = Instant::now();
+    let err = c
+        .create_volume_retrying(volume_req("pvc-stall", 4 * MIB, Some(&handle)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("stalled"), "{}", err.message());
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(visible_images(&server), Vec::<String>::new());
+    assert_eq!(temps_under(&server.images_dir()), Vec::<PathBuf>::new());
+    // The same image works once the server behaves.
+    http.stalls.lock().unwrap().clear();
+    let vol = c
+        .create_volume_retrying(volume_req("pvc-stall", 4 * MIB, Some(&handle)))
+        .await
+        .unwrap();
+    c.delete_volume(&vol.volume_id).await;
+}
+
+/// DeleteSnapshot with a handle that names an image but describes another one deletes
+/// nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_snapshot_checks_the_handle() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let vol = c
+        .create_volume(volume_req("pvc-del", 4 * MIB, None))
+        .await
+        .unwrap();
+    let snap = c
+        .snapshot_ready(snapshot_req("snap-big", &vol.volume_id, "raw"))
+        .await;
+    for other in [
+        "bi://backing?backingImage=snap-big&backingImageDataSourceType=download&url=http://example.com/x",
+        "bi://backing?backingImage=snap-big&backingImageDataSourceType=export-from-volume&export-type=qcow2&volume-name=pvc-del",
+    ] {
+        c.delete_snapshot(other).await.unwrap();
+        assert!(state_of(&server, "snap-big").is_some(), "{other}");
+    }
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    assert!(state_of(&server, "snap-big").is_none());
+    c.delete_volume(&vol.volume_id).await;
+}
+
+/// Capacity without required bytes respects a small limit; CreateSnapshot retried after its
+/// source volume is gone answers the snapshot already cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn capacity_default_and_snapshot_retry_without_source() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let mut req = volume_req("pvc-limit", 0, None);
+    req.capacity_range = Some(CapacityRange {
+        required_bytes: 0,
+        limit_bytes: 100 * MIB,
+    });
+    let vol = c.create_volume(req.clone()).await.unwrap();
+    assert_eq!(vol.capacity_bytes, 100 * MIB);
+    assert_eq!(c.create_volume(req).await.unwrap(), vol);
+
+    let sreq = snapshot_req("snap-orphan", &vol.volume_id, "raw");
+    let snap = c.snapshot_ready(sreq.clone()).await;
+    c.delete_volume(&vol.volume_id).await;
+    let again = c.snapshot(sreq).await.unwrap();
+    assert_eq!(again, snap);
+    // A new snapshot of the missing volume is still NOT_FOUND.
+    let err = c
+        .snapshot(snapshot_req("snap-new", &vol.volume_id, "raw"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
 }

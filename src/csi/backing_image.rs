@@ -18,15 +18,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 use tonic::Code;
 
 use super::download;
 use super::error::{CsiError, Result};
-use super::export::{self, ImageInfo};
+use super::export::{self, ImageInfo, Quiesce};
 use super::files::{self, read_json, write_json};
 use super::handle::{BiHandle, KEY_EXPORT_TYPE, KEY_VOLUME_NAME, SOURCE_EXPORT};
+use super::jobs::{JobSet, JobWait};
 use super::names::is_plain;
+
+/// How often an export's progress is logged and written to its state file.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// Bytes done out of a total (0 when unknown).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -60,6 +63,9 @@ pub struct ImageState {
     /// Seconds since the epoch; set once, returned on every call.
     pub created: i64,
     pub progress: Progress,
+    /// For an export: the point-in-time copy of the volume is taken (the snapshot is cut).
+    #[serde(default)]
+    pub cut: bool,
     pub ready: bool,
     /// The node preparing (or that prepared) the image.
     pub node: String,
@@ -220,8 +226,6 @@ impl From<Failure> for CsiError {
     }
 }
 
-type Outcome = Option<std::result::Result<(), Failure>>;
-
 /// How waiting for an image ended.
 pub enum Wait {
     Ready(Box<ImageState>),
@@ -232,8 +236,7 @@ pub enum Wait {
 pub struct Images {
     pub store: ImageStore,
     node: String,
-    jobs: Mutex<HashMap<String, watch::Receiver<Outcome>>>,
-    failures: Mutex<HashMap<String, Failure>>,
+    jobs: Arc<JobSet<()>>,
     users: Mutex<HashMap<String, usize>>,
 }
 
@@ -275,8 +278,7 @@ impl Images {
         Images {
             store,
             node,
-            jobs: Mutex::new(HashMap::new()),
-            failures: Mutex::new(HashMap::new()),
+            jobs: Arc::default(),
             users: Mutex::new(HashMap::new()),
         }
     }
@@ -287,15 +289,12 @@ impl Images {
 
     /// Whether this node runs a job for `name`.
     pub fn running(&self, name: &str) -> bool {
-        lock(&self.jobs)
-            .get(name)
-            .map(|rx| rx.borrow().is_none())
-            .unwrap_or(false)
+        self.jobs.running(name)
     }
 
     /// The error of the last failed job for `name`, once.
     pub fn take_failure(&self, name: &str) -> Option<CsiError> {
-        lock(&self.failures).remove(name).map(CsiError::from)
+        self.jobs.take_failure(name)
     }
 
     pub fn in_use(&self, name: &str) -> bool {
@@ -329,6 +328,7 @@ impl Images {
             virtual_size: 0,
             created: files::now_secs(),
             progress: Progress::default(),
+            cut: false,
             ready: false,
             node: self.node.clone(),
         }
@@ -339,39 +339,40 @@ impl Images {
         !state.ready && state.node == self.node && !self.running(&state.name)
     }
 
+    /// Runs `job` for the image `name` in the background. A failed job removes the image's
+    /// state and file (its temp files are removed by their guards), so nothing partial stays.
     fn spawn<F>(self: &Arc<Self>, name: &str, job: F)
     where
         F: std::future::Future<Output = Result<()>> + Send + 'static,
     {
-        let (tx, rx) = watch::channel(None);
-        lock(&self.jobs).insert(name.to_owned(), rx);
-        lock(&self.failures).remove(name);
         let images = Arc::clone(self);
-        let name = name.to_owned();
-        tokio::spawn(async move {
-            let outcome = match job.await {
-                Ok(()) => {
-                    tracing::info!(image = %name, "backing image ready");
-                    Ok(())
-                }
+        let owned = name.to_owned();
+        self.jobs.start(name, (), async move {
+            let result = job.await;
+            match &result {
+                Ok(()) => tracing::info!(image = %owned, "backing image ready"),
                 Err(e) => {
-                    tracing::warn!(image = %name, error = %e, "backing image failed");
-                    if let Err(e) = images.store.remove(&name) {
-                        tracing::warn!(image = %name, error = %e, "cannot remove failed image");
+                    tracing::warn!(image = %owned, error = %e, "backing image failed");
+                    if let Err(e) = images.store.remove(&owned) {
+                        tracing::warn!(image = %owned, error = %e, "cannot remove failed image");
                     }
-                    let failure = Failure::from(&e);
-                    lock(&images.failures).insert(name.clone(), failure.clone());
-                    Err(failure)
                 }
-            };
-            lock(&images.jobs).remove(&name);
-            let _ = tx.send(Some(outcome));
+            }
+            result
         });
     }
 
-    /// Starts exporting `cut` (a raw point-in-time copy of a volume, removed afterwards) to the
-    /// image `state.name` in `export_type`.
-    pub fn start_export(self: &Arc<Self>, state: ImageState, cut: PathBuf, export_type: String) {
+    /// Starts cutting the volume `disk` (a point-in-time copy in `cut`, removed afterwards)
+    /// and exporting the copy to the image `state.name` in `export_type`. The state file
+    /// records when the cut is done ([`ImageState::cut`]) and the export's progress.
+    pub fn start_export(
+        self: &Arc<Self>,
+        state: ImageState,
+        disk: PathBuf,
+        quiesce: Quiesce,
+        cut: PathBuf,
+        export_type: String,
+    ) {
         let images = Arc::clone(self);
         let name = state.name.clone();
         self.spawn(&name, async move {
@@ -379,15 +380,40 @@ impl Images {
             let src = cut.0.clone().unwrap_or_default();
             let tmp = TempFile(Some(images.store.temp(&images.node, &state.name)));
             let dest = tmp.0.clone().unwrap_or_default();
+            tracing::info!(image = %state.name, volume = %disk.display(), "cutting volume");
+            // The freeze, copy and thaw run on a thread of their own, to completion even if
+            // this task is cancelled, so that a frozen filesystem is always thawed.
+            let copy_to = src.clone();
+            tokio::task::spawn_blocking(move || export::cut_volume(&disk, &quiesce, &copy_to))
+                .await
+                .map_err(|e| CsiError::Internal(format!("cut task failed: {e}")))??;
+            images.update(&state.name, |s| s.cut = true)?;
             tracing::info!(image = %state.name, export_type = %export_type, "exporting volume");
-            export::convert(&src, export::RAW, &dest, &export_type).await?;
+            let total = state.virtual_size;
+            let mut last = Instant::now();
+            let worker = Arc::clone(&images);
+            let name = state.name.clone();
+            export::convert_with_progress(&src, export::RAW, &dest, &export_type, move |pct| {
+                if last.elapsed() >= PROGRESS_EVERY || pct >= 100.0 {
+                    let done = (total as f64 * pct / 100.0) as u64;
+                    tracing::info!(image = %name, done, total, "exporting");
+                    worker.set_progress(&name, done, total);
+                    last = Instant::now();
+                }
+            })
+            .await?;
             drop(cut);
             images.finish(&state.name, tmp).await
         });
     }
 
     /// Starts downloading `url` into the image `state.name`.
-    pub fn start_download(self: &Arc<Self>, state: ImageState, url: url::Url) {
+    pub fn start_download(
+        self: &Arc<Self>,
+        state: ImageState,
+        url: url::Url,
+        policy: download::Policy,
+    ) {
         let images = Arc::clone(self);
         let name = state.name.clone();
         self.spawn(&name, async move {
@@ -405,7 +431,7 @@ impl Images {
                     }
                     worker.set_progress(&name, done, total);
                 };
-                download::fetch(&url, &dest, &mut report)
+                download::fetch(&url, &dest, &policy, &mut report)
             })
             .await
             .map_err(|e| CsiError::Internal(format!("download task failed: {e}")))??;
@@ -423,12 +449,20 @@ impl Images {
     }
 
     fn set_progress(&self, name: &str, done: u64, total: u64) {
-        if let Ok(Some(mut state)) = self.store.get(name) {
-            state.progress = Progress { done, total };
-            if let Err(e) = self.store.save(&state) {
-                tracing::debug!(image = %name, error = %e, "cannot record progress");
-            }
+        if let Err(e) = self.update(name, |s| s.progress = Progress { done, total }) {
+            tracing::debug!(image = %name, error = %e, "cannot record progress");
         }
+    }
+
+    /// Changes the state file of `name`; an image deleted meanwhile is `NOT_FOUND`.
+    fn update(&self, name: &str, change: impl FnOnce(&mut ImageState)) -> Result<()> {
+        let Some(mut state) = self.store.get(name)? else {
+            return Err(CsiError::NotFound(format!(
+                "backing image {name} was deleted while being prepared"
+            )));
+        };
+        change(&mut state);
+        self.store.save(&state)
     }
 
     /// Verifies a prepared file and moves it into place as the image `name`.
@@ -475,37 +509,34 @@ impl Images {
 
     /// Waits up to `timeout` for the image `name` to be ready.
     pub async fn wait(&self, name: &str, timeout: Duration) -> Result<Wait> {
+        self.wait_until(name, timeout, |s| s.ready).await
+    }
+
+    /// Waits up to `timeout` for the image `name` to be cut (an export) or ready.
+    pub async fn wait_cut(&self, name: &str, timeout: Duration) -> Result<Wait> {
+        self.wait_until(name, timeout, |s| s.ready || s.cut).await
+    }
+
+    async fn wait_until(
+        &self,
+        name: &str,
+        timeout: Duration,
+        done: impl Fn(&ImageState) -> bool,
+    ) -> Result<Wait> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let rx = lock(&self.jobs).get(name).cloned();
-        if let Some(mut rx) = rx {
-            let waited = tokio::time::timeout_at(deadline, rx.wait_for(|o| o.is_some())).await;
-            match waited {
-                Ok(Ok(outcome)) => {
-                    if let Some(Err(failure)) = outcome.clone() {
-                        lock(&self.failures).remove(name);
-                        return Err(failure.into());
-                    }
-                }
-                Ok(Err(_)) => {}
-                Err(_) => {
-                    let progress = self
-                        .store
-                        .get(name)?
-                        .map(|s| s.progress)
-                        .unwrap_or_default();
-                    return Ok(Wait::Pending(progress));
-                }
-            }
-        }
-        // Prepared by another node, or finished: follow the state file.
         loop {
-            if let Some(failure) = self.take_failure(name) {
-                return Err(failure);
+            // This node's job: its failure is the answer.
+            if let JobWait::Done(Err(e)) = self.jobs.wait(name, tokio::time::Instant::now()).await {
+                return Err(e);
             }
+            // Prepared by this node or another one: follow the state file.
             match self.store.get(name)? {
-                Some(state) if state.ready => return Ok(Wait::Ready(Box::new(state))),
+                Some(state) if done(&state) => return Ok(Wait::Ready(Box::new(state))),
                 Some(state) => {
                     if self.is_orphan(&state) {
+                        if let Some(e) = self.take_failure(name) {
+                            return Err(e);
+                        }
                         return Err(CsiError::Aborted(format!(
                             "backing image {name} was left incomplete by an earlier run; retry"
                         )));
@@ -515,12 +546,15 @@ impl Images {
                     }
                 }
                 None => {
+                    if let Some(e) = self.take_failure(name) {
+                        return Err(e);
+                    }
                     return Err(CsiError::NotFound(format!(
                         "backing image {name} does not exist"
-                    )))
+                    )));
                 }
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }

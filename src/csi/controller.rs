@@ -7,10 +7,11 @@ use tonic::{Request, Response, Status};
 
 use super::backing_image::{ImageState, Wait};
 use super::error::{CsiError, Result};
-use super::export::{self, check_checksum, check_export_type};
+use super::export::{self, check_checksum, check_export_type, Quiesce};
 use super::handle::{
     BiHandle, KEY_EXPORT_TYPE, KEY_URL, KEY_VOLUME_NAME, SOURCE_DOWNLOAD, SOURCE_EXPORT,
 };
+use super::jobs::JobWait;
 use super::names::disk_name;
 use super::proto::controller_server::Controller;
 use super::proto::controller_service_capability::{rpc, Rpc, Type as CapType};
@@ -200,14 +201,13 @@ impl ControllerService {
                 return Ok(existing);
             }
             if snapshot_id.is_none() {
-                let capacity = fit(
-                    if required == 0 {
-                        DEFAULT_CAPACITY
-                    } else {
-                        required
-                    },
-                    limit,
-                )?;
+                // With no size asked for, the default must still respect a small limit.
+                let wanted = match (required, limit) {
+                    (0, 0) => DEFAULT_CAPACITY,
+                    (0, limit) => DEFAULT_CAPACITY.min(limit),
+                    (required, _) => required,
+                };
+                let capacity = fit(wanted, limit)?;
                 let staging = self.0.volumes.stage(&id)?;
                 self.0.volumes.commit(staging, &meta, capacity)?;
                 tracing::info!(volume = %id, capacity, "created volume");
@@ -226,11 +226,7 @@ impl ControllerService {
             return Ok(None);
         };
         let capacity = self.0.volumes.capacity(&meta.id)?;
-        let same = existing.name == meta.name
-            && round_up(existing.requested) == round_up(meta.requested)
-            && existing.content_source == meta.content_source
-            && existing.parameters == meta.parameters
-            && (limit == 0 || capacity <= limit);
+        let same = same_request(&existing, meta) && (limit == 0 || capacity <= limit);
         if !same {
             return Err(CsiError::AlreadyExists(format!(
                 "volume {:?} already exists with a different capacity ({capacity} bytes), content \
@@ -242,7 +238,9 @@ impl ControllerService {
     }
 
     /// CreateVolume from a `bi://` snapshot: prepares the BackingImage if needed, then copies it
-    /// into a new raw volume grown to the requested capacity.
+    /// into a new raw volume grown to the requested capacity. The copy is a job of its own,
+    /// keyed by the volume id: a call that times out leaves it running, and the retry waits
+    /// for it (answering `ABORTED` while it runs) instead of starting over.
     async fn restore_volume(
         &self,
         mut meta: VolumeMeta,
@@ -253,14 +251,21 @@ impl ControllerService {
         let handle = BiHandle::decode(snapshot_id)?;
         let image = disk_name("backing image", &handle.image)?;
         let checksum = handle.checksum.as_deref().map(check_checksum).transpose()?;
-        let _use = {
+        if let Some(volume) = self.follow_restore(&meta, limit).await? {
+            return Ok(volume);
+        }
+        let use_guard = {
             let _guard = self.0.controller_lock.lock().await;
-            self.ensure_image(&image, &handle, checksum.as_deref())
-                .await?;
+            self.ensure_image(&image, &handle, checksum.as_deref())?;
             self.0.images.acquire(&image)
         };
         let state = match self.0.images.wait(&image, self.0.config.image_wait).await? {
-            Wait::Ready(state) => state,
+            // The image may have been deleted and made again from another source while this
+            // call waited: check it against the handle once more.
+            Wait::Ready(state) => {
+                check_matches(&state, &handle, checksum.as_deref())?;
+                state
+            }
             Wait::Pending(p) => {
                 return Err(CsiError::Aborted(format!(
                     "backing image {image} is still being prepared ({} of {} bytes); retry later",
@@ -268,49 +273,103 @@ impl ControllerService {
                 )))
             }
         };
-        let _guard = self.0.controller_lock.lock().await;
-        if let Some(existing) = self.existing_volume(&meta, limit)? {
-            return Ok(existing);
-        }
-        let capacity = fit(
-            if required == 0 {
-                state.virtual_size
+        {
+            let _guard = self.0.controller_lock.lock().await;
+            if let Some(existing) = self.existing_volume(&meta, limit)? {
+                return Ok(existing);
+            }
+            if self.0.restores.running(&meta.id) {
+                // Another call started the restore meanwhile: follow it (below).
             } else {
-                required
-            },
-            limit,
-        )?;
-        if capacity < state.virtual_size {
-            return Err(CsiError::OutOfRange(format!(
-                "requested capacity {capacity} bytes is smaller than backing image {image} \
-                 ({} bytes)",
-                state.virtual_size
-            )));
+                let capacity = fit(
+                    if required == 0 {
+                        state.virtual_size
+                    } else {
+                        required
+                    },
+                    limit,
+                )?;
+                if capacity < state.virtual_size {
+                    return Err(CsiError::OutOfRange(format!(
+                        "requested capacity {capacity} bytes is smaller than backing image \
+                         {image} ({} bytes)",
+                        state.virtual_size
+                    )));
+                }
+                let data = self.0.images.store.data_path(&image).ok_or_else(|| {
+                    CsiError::NotFound(format!("backing image {image} does not exist"))
+                })?;
+                let format = state
+                    .format
+                    .clone()
+                    .unwrap_or_else(|| export::RAW.to_owned());
+                let staging = self.0.volumes.stage(&meta.id)?;
+                meta.backing_image = Some(image.clone());
+                let driver = Arc::clone(&self.0);
+                let job_meta = meta.clone();
+                self.0.restores.start(&meta.id, meta.clone(), async move {
+                    // Held until the copy is done: the image cannot be deleted under it.
+                    let _use = use_guard;
+                    let id = job_meta.id.clone();
+                    tracing::info!(volume = %id, image = %image, "restoring volume");
+                    let mut last = std::time::Instant::now();
+                    export::convert_with_progress(
+                        &data,
+                        &format,
+                        &staging.disk(),
+                        export::RAW,
+                        |pct| {
+                            if last.elapsed() >= std::time::Duration::from_secs(10) {
+                                tracing::info!(volume = %id, percent = pct, "restoring");
+                                last = std::time::Instant::now();
+                            }
+                        },
+                    )
+                    .await?;
+                    let _guard = driver.controller_lock.lock().await;
+                    driver.volumes.commit(staging, &job_meta, capacity)?;
+                    tracing::info!(volume = %id, image = %image, capacity, "restored volume");
+                    Ok(())
+                });
+            }
         }
-        let data =
-            self.0.images.store.data_path(&image).ok_or_else(|| {
-                CsiError::NotFound(format!("backing image {image} does not exist"))
-            })?;
-        let format = state
-            .format
-            .clone()
-            .unwrap_or_else(|| export::RAW.to_owned());
-        let staging = self.0.volumes.stage(&meta.id)?;
-        export::convert(&data, &format, &staging.disk(), export::RAW).await?;
-        meta.backing_image = Some(image.clone());
-        self.0.volumes.commit(staging, &meta, capacity)?;
-        tracing::info!(volume = %meta.id, image = %image, capacity, "restored volume");
-        Ok(self.volume_response(&meta, capacity))
+        self.follow_restore(&meta, limit)
+            .await?
+            .ok_or_else(|| CsiError::Aborted(format!("volume {} is changing; retry", meta.id)))
+    }
+
+    /// Waits (up to `--image-wait`) for a restore of `meta.id` that is running, and returns
+    /// the volume it made. `None` when no restore runs; `ABORTED` while it still does; the
+    /// restore's error if it failed; `ALREADY_EXISTS` if it restores something else.
+    async fn follow_restore(&self, meta: &VolumeMeta, limit: u64) -> Result<Option<Volume>> {
+        let restores = &self.0.restores;
+        if let Some(running) = restores.data(&meta.id) {
+            if !same_request(&running, meta) {
+                return Err(CsiError::AlreadyExists(format!(
+                    "volume {:?} is being created with a different capacity, content source or \
+                     parameters",
+                    meta.name
+                )));
+            }
+        }
+        let deadline = tokio::time::Instant::now() + self.0.config.image_wait;
+        match restores.wait(&meta.id, deadline).await {
+            JobWait::NotRunning => Ok(None),
+            JobWait::Done(Err(e)) => Err(e),
+            JobWait::Done(Ok(())) => {
+                let _guard = self.0.controller_lock.lock().await;
+                self.existing_volume(meta, limit)
+            }
+            JobWait::Pending => Err(CsiError::Aborted(format!(
+                "volume {} is still being restored from its snapshot; retry later",
+                meta.id
+            ))),
+        }
     }
 
     /// Makes sure the BackingImage a handle names exists or is being prepared, and matches the
     /// handle.
-    async fn ensure_image(
-        &self,
-        image: &str,
-        handle: &BiHandle,
-        checksum: Option<&str>,
-    ) -> Result<()> {
+    fn ensure_image(&self, image: &str, handle: &BiHandle, checksum: Option<&str>) -> Result<()> {
         let images = &self.0.images;
         if let Some(state) = images.store.get(image)? {
             if images.is_orphan(&state) {
@@ -330,11 +389,12 @@ impl ControllerService {
                         "bi:// handle for a download of {image} has no url"
                     )));
                 }
-                let url = download::check_url(&raw)?;
+                let policy = self.0.config.download_policy();
+                let url = download::check_url(&raw, &policy)?;
                 let mut state = images.new_state(image, SOURCE_DOWNLOAD, handle.params.clone());
                 state.expected_checksum = checksum.map(str::to_owned);
                 if images.store.claim(&state)? {
-                    images.start_download(state, url);
+                    images.start_download(state, url, policy);
                 }
                 Ok(())
             }
@@ -357,9 +417,7 @@ impl ControllerService {
                 check_export_type(&export_type)?;
                 let mut state = images.new_state(image, SOURCE_EXPORT, handle.params.clone());
                 state.expected_checksum = checksum.map(str::to_owned);
-                self.start_export(state, &volume, &export_type)
-                    .await
-                    .map(|_| ())
+                self.start_export(state, &volume, &export_type).map(|_| ())
             }
             "upload" => Err(CsiError::InvalidArgument(
                 "backing image data source type upload is not supported via CSI".into(),
@@ -371,9 +429,10 @@ impl ControllerService {
         }
     }
 
-    /// Cuts the volume and starts exporting it into the image `state.name`. The state is
-    /// claimed first; if another one exists already, that one is returned instead.
-    async fn start_export(
+    /// Starts the job that cuts the volume and exports it into the image `state.name`. The
+    /// state is claimed first; if another one exists already, that one is returned instead.
+    /// Called under the controller lock; returns at once (the copy is the job's).
+    fn start_export(
         &self,
         mut state: ImageState,
         volume: &str,
@@ -391,19 +450,26 @@ impl ControllerService {
         })?;
         state.virtual_size = self.0.volumes.capacity(&volume_id)?;
         state.progress.total = state.virtual_size;
+        let mut quiesce = Quiesce::default();
+        for p in self.0.volumes.publications(&volume_id)? {
+            if p.block {
+                quiesce.devices.push(p.device);
+            } else {
+                quiesce.mounts.push((p.target, p.device.clone()));
+                quiesce.devices.push(p.device);
+            }
+        }
+        quiesce.devices.sort();
+        quiesce.devices.dedup();
         let images = &self.0.images;
         if !images.store.claim(&state)? {
             return images.store.get(&state.name)?.ok_or_else(|| {
                 CsiError::Aborted(format!("backing image {} is changing; retry", state.name))
             });
         }
+        // In the volume store, next to the disk, so that a reflink copy is possible.
         let cut = files::temp_path(self.0.volumes.root(), &format!("export-{}", state.name));
-        if let Err(e) = export::cut(&disk, &cut).await {
-            let _ = std::fs::remove_file(&cut);
-            images.store.remove(&state.name)?;
-            return Err(e);
-        }
-        images.start_export(state.clone(), cut, export_type.to_owned());
+        images.start_export(state.clone(), disk, quiesce, cut, export_type.to_owned());
         Ok(state)
     }
 
@@ -436,50 +502,70 @@ impl ControllerService {
             ));
         }
         let image = disk_name("snapshot", &req.name)?;
-        let _guard = self.0.controller_lock.lock().await;
-        let volume_id = disk_name("volume", &req.source_volume_id).map_err(|_| {
+        let missing = || {
             CsiError::NotFound(format!(
                 "source volume {:?} does not exist",
                 req.source_volume_id
             ))
-        })?;
-        if self.0.volumes.get(&volume_id)?.is_none() {
-            return Err(CsiError::NotFound(format!(
-                "source volume {:?} does not exist",
-                req.source_volume_id
-            )));
-        }
-        let images = &self.0.images;
-        if let Some(failure) = images.take_failure(&image) {
-            return Err(failure);
-        }
-        let mut state = match images.store.get(&image)? {
-            Some(state) if images.is_orphan(&state) => {
-                images.store.remove(&image)?;
-                None
-            }
-            other => other,
         };
-        if state.is_none() {
-            let mut params = BTreeMap::new();
-            params.insert(KEY_EXPORT_TYPE.to_owned(), export_type.clone());
-            params.insert(KEY_VOLUME_NAME.to_owned(), volume_id.clone());
-            let mut new = images.new_state(&image, SOURCE_EXPORT, params);
-            new.csi_name = Some(req.name.clone());
-            state = Some(self.start_export(new, &volume_id, &export_type).await?);
+        let volume_id = disk_name("volume", &req.source_volume_id).map_err(|_| missing())?;
+        {
+            let _guard = self.0.controller_lock.lock().await;
+            let images = &self.0.images;
+            if let Some(failure) = images.take_failure(&image) {
+                return Err(failure);
+            }
+            // An existing image first: a snapshot already cut is answered even when its
+            // source volume is gone since.
+            let state = match images.store.get(&image)? {
+                Some(state) if images.is_orphan(&state) => {
+                    images.store.remove(&image)?;
+                    None
+                }
+                other => other,
+            };
+            let state = match state {
+                Some(state) => state,
+                None => {
+                    if self.0.volumes.get(&volume_id)?.is_none() {
+                        return Err(missing());
+                    }
+                    let mut params = BTreeMap::new();
+                    params.insert(KEY_EXPORT_TYPE.to_owned(), export_type.clone());
+                    params.insert(KEY_VOLUME_NAME.to_owned(), volume_id.clone());
+                    let mut new = images.new_state(&image, SOURCE_EXPORT, params);
+                    new.csi_name = Some(req.name.clone());
+                    self.start_export(new, &volume_id, &export_type)?
+                }
+            };
+            let same = state.source_type == SOURCE_EXPORT
+                && state.csi_name.as_deref() == Some(req.name.as_str())
+                && state.parameters.get(KEY_VOLUME_NAME) == Some(&volume_id)
+                && state.parameters.get(KEY_EXPORT_TYPE) == Some(&export_type);
+            if !same {
+                return Err(CsiError::AlreadyExists(format!(
+                    "snapshot {:?} already exists as backing image {image} from another source \
+                     ({} {:?})",
+                    req.name, state.source_type, state.parameters
+                )));
+            }
         }
-        let state = state.ok_or_else(|| CsiError::Internal("no image state".into()))?;
-        let same = state.source_type == SOURCE_EXPORT
-            && state.csi_name.as_deref() == Some(req.name.as_str())
-            && state.parameters.get(KEY_VOLUME_NAME) == Some(&volume_id)
-            && state.parameters.get(KEY_EXPORT_TYPE) == Some(&export_type);
-        if !same {
-            return Err(CsiError::AlreadyExists(format!(
-                "snapshot {:?} already exists as backing image {image} from another source \
-                 ({} {:?})",
-                req.name, state.source_type, state.parameters
-            )));
-        }
+        // CreateSnapshot returns once the snapshot is cut (the volume's content is fixed);
+        // the export goes on in the background with ready_to_use false until it is done.
+        let state = match self
+            .0
+            .images
+            .wait_cut(&image, self.0.config.image_wait)
+            .await?
+        {
+            Wait::Ready(state) => state,
+            Wait::Pending(_) => {
+                return Err(CsiError::Aborted(format!(
+                    "snapshot {:?} is still being cut from volume {volume_id}; retry later",
+                    req.name
+                )))
+            }
+        };
         let id = BiHandle::export(&image, &export_type, &volume_id).encode();
         Ok(snapshot_of(&state, id))
     }
@@ -500,6 +586,15 @@ impl ControllerService {
         let Some(state) = images.store.get(&image)? else {
             return Ok(());
         };
+        // Only the image this handle describes is deleted: another handle that happens to name
+        // the same image (e.g. a download handle reusing a snapshot's name) must not remove it.
+        let checksum = handle.checksum.as_deref().map(check_checksum).transpose();
+        let matches = checksum.and_then(|c| check_matches(&state, &handle, c.as_deref()));
+        if let Err(e) = matches {
+            tracing::warn!(snapshot = %id, image = %image, reason = %e,
+                "DeleteSnapshot: the handle does not describe the existing image; not deleting it");
+            return Ok(());
+        }
         if images.in_use(&image) {
             return Err(CsiError::FailedPrecondition(format!(
                 "backing image {image} is in use: a volume is being created from it; retry when \
@@ -570,7 +665,7 @@ impl ControllerService {
             SOURCE_DOWNLOAD => handle
                 .params
                 .get(KEY_URL)
-                .is_some_and(|u| download::check_url(u).is_ok())
+                .is_some_and(|u| download::check_url(u, &self.0.config.download_policy()).is_ok())
                 .then_some((String::new(), 0)),
             SOURCE_EXPORT => {
                 let volume = handle
@@ -600,6 +695,14 @@ impl ControllerService {
             group_snapshot_id: String::new(),
         }))
     }
+}
+
+/// Whether two CreateVolume requests for one volume id ask for the same volume.
+fn same_request(a: &VolumeMeta, b: &VolumeMeta) -> bool {
+    a.name == b.name
+        && round_up(a.requested) == round_up(b.requested)
+        && a.content_source == b.content_source
+        && a.parameters == b.parameters
 }
 
 /// Checks that an existing image is the one a handle describes.
@@ -660,6 +763,11 @@ impl Controller for ControllerService {
             return Err(Status::invalid_argument("volume_id is required"));
         }
         let _guard = self.0.controller_lock.lock().await;
+        if self.0.restores.running(&id) {
+            return Err(Status::aborted(format!(
+                "volume {id} is still being restored from its snapshot; retry later"
+            )));
+        }
         if self.0.volumes.get(&id)?.is_none() {
             return Ok(Response::new(DeleteVolumeResponse {}));
         }
@@ -765,7 +873,7 @@ impl Controller for ControllerService {
                 rpc_cap(rpc::Type::ListSnapshots),
                 rpc_cap(rpc::Type::ListVolumes),
                 rpc_cap(rpc::Type::GetCapacity),
-                rpc_cap(rpc::Type::ExpandVolume),
+                // Not EXPAND_VOLUME: see the plugin capabilities (identity.rs).
             ],
         }))
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::proto::identity_server::Identity;
-use super::proto::plugin_capability::{service, volume_expansion, Service, Type, VolumeExpansion};
+use super::proto::plugin_capability::{service, Service, Type};
 use super::proto::*;
 use super::Driver;
 
@@ -25,7 +25,10 @@ impl Identity for IdentityService {
     }
 
     /// The controller service; volumes are reachable only on the node that holds them
-    /// (accessibility constraints); volumes grow while in use (online expansion).
+    /// (accessibility constraints). Volume expansion is not advertised: in Kubernetes it needs
+    /// the csi-resizer sidecar, which cannot run per node (it has no `--node-deployment`
+    /// mode), and a central one would call whichever node's driver, not the one holding the
+    /// volume. The expansion RPCs stay implemented for COs that route them correctly.
     async fn get_plugin_capabilities(
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
@@ -37,11 +40,6 @@ impl Identity for IdentityService {
             capabilities: vec![
                 service(service::Type::ControllerService),
                 service(service::Type::VolumeAccessibilityConstraints),
-                PluginCapability {
-                    r#type: Some(Type::VolumeExpansion(VolumeExpansion {
-                        r#type: volume_expansion::Type::Online as i32,
-                    })),
-                },
             ],
         }))
     }

@@ -9,7 +9,18 @@
 //! VolumeSnapshotContent) makes the driver produce it first, by download or export.
 //! `DeleteSnapshot` removes the image.
 //!
-//! Modules: [`server`] serves the three gRPC services ([`identity`], [`controller`], [`node`])
+//! Point in time: the cut ([`export::cut_volume`]) freezes the ext4 filesystem of every
+//! `Mount` publication of the volume (FIFREEZE) and fsyncs its loop devices and disk file, so
+//! the snapshot holds everything written before CreateSnapshot was called (crash-consistent:
+//! not what applications still buffer themselves). CreateSnapshot returns once the cut is
+//! taken; the export then runs with `ready_to_use: false`.
+//!
+//! Copies never run inside a request: cuts, exports, downloads and restores are background
+//! jobs keyed by name ([`jobs`]), so a CO deadline that drops a request does not stop or
+//! restart them; the retry finds the job and waits for it again. The controller lock guards
+//! only state changes.
+//!
+//! Modules: [`jobs`] runs the background copies; [`server`] serves the three gRPC services ([`identity`], [`controller`], [`node`])
 //! over a unix socket; [`volumes`] and [`backing_image`] are the two stores; [`export`] and
 //! [`download`] produce image files; [`mounts`] does loop devices and mounts; [`names`] maps
 //! CSI names to safe on-disk names.
@@ -23,6 +34,7 @@ pub mod export;
 pub mod files;
 pub mod handle;
 pub mod identity;
+pub mod jobs;
 pub mod mounts;
 pub mod names;
 pub mod node;
@@ -43,7 +55,8 @@ pub use error::{CsiError, Result};
 pub use server::serve;
 
 use backing_image::{ImageStore, Images};
-use volumes::VolumeStore;
+use jobs::JobSet;
+use volumes::{VolumeMeta, VolumeStore};
 
 /// The default driver name.
 pub const DRIVER_NAME: &str = "layerfs.csi.io";
@@ -64,6 +77,26 @@ pub struct Config {
     /// How long CreateVolume waits for a BackingImage being prepared before it answers
     /// `ABORTED` (the CO retries).
     pub image_wait: Duration,
+    /// The directory `file://` download URLs may read from; `None` disables them.
+    pub file_root: Option<PathBuf>,
+    /// Refuse http(s) download URLs whose host is a loopback, link-local or private address.
+    pub deny_private_urls: bool,
+    /// The largest image a download may produce, in bytes.
+    pub max_image_size: u64,
+    /// A download that receives nothing for this long fails.
+    pub download_idle_timeout: Duration,
+}
+
+impl Config {
+    /// What downloads may do.
+    pub fn download_policy(&self) -> download::Policy {
+        download::Policy {
+            file_root: self.file_root.clone(),
+            deny_private: self.deny_private_urls,
+            max_size: self.max_image_size,
+            idle_timeout: self.download_idle_timeout,
+        }
+    }
 }
 
 /// State shared by the three services.
@@ -71,7 +104,10 @@ pub struct Driver {
     pub config: Config,
     pub volumes: VolumeStore,
     pub images: Arc<Images>,
-    /// Serializes controller changes (volume and image creation and deletion).
+    /// Volumes being restored from a BackingImage, with what their CreateVolume asked.
+    pub restores: Arc<JobSet<VolumeMeta>>,
+    /// Serializes controller state changes (claiming, creating and deleting volumes and
+    /// images). Never held across a copy: copies run as jobs ([`jobs`]).
     pub controller_lock: tokio::sync::Mutex<()>,
     /// Serializes publish and unpublish on this node.
     pub node_lock: tokio::sync::Mutex<()>,
@@ -89,6 +125,7 @@ impl Driver {
             config,
             volumes,
             images,
+            restores: Arc::default(),
             controller_lock: tokio::sync::Mutex::new(()),
             node_lock: tokio::sync::Mutex::new(()),
         }))

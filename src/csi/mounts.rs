@@ -51,24 +51,55 @@ pub async fn refresh_size(dev: &Path) -> Result<()> {
         .map(|_| ())
 }
 
-/// The filesystem type on `dev` ("" when none).
+/// The filesystem type on `dev` ("" when the device holds no signature at all).
+///
+/// Only two answers of `blkid` are trusted: exit 0 with a type (a filesystem), and exit 2
+/// (nothing found: an empty device). Anything else is an error, never "empty": the caller
+/// formats an empty device, so a missing `blkid`, an I/O error or ambiguous signatures (exit 8)
+/// must not look like one.
 pub async fn fs_type(dev: &Path) -> Result<String> {
-    // blkid exits 2 when it finds nothing: that is "no filesystem", not a failure.
-    match run(
+    let out = run_accepting(
         "blkid",
         [
             "-p".as_ref(),
             "-o".as_ref(),
-            "value".as_ref(),
-            "-s".as_ref(),
-            "TYPE".as_ref(),
+            "export".as_ref(),
             dev.as_os_str(),
         ],
+        &[0, 2],
     )
     .await
-    {
-        Ok(out) => Ok(out.trim().to_owned()),
-        Err(_) => Ok(String::new()),
+    .map_err(|e| {
+        CsiError::FailedPrecondition(format!(
+            "cannot tell whether {} holds a filesystem, so it is not formatted: {e}",
+            dev.display()
+        ))
+    })?;
+    parse_blkid_export(&out).map_err(|what| {
+        CsiError::FailedPrecondition(format!(
+            "{} holds {what} but no filesystem; refusing to format it",
+            dev.display()
+        ))
+    })
+}
+
+/// The `TYPE` of `blkid -o export` output: "" when blkid found nothing; `Err` naming what was
+/// found when that is something else than a filesystem (e.g. a partition table).
+fn parse_blkid_export(out: &str) -> std::result::Result<String, String> {
+    let mut fs = None;
+    let mut other = None;
+    for line in out.lines() {
+        if let Some(t) = line.strip_prefix("TYPE=") {
+            fs = Some(t.trim().to_owned());
+        } else if let Some(t) = line.strip_prefix("PTTYPE=") {
+            other = Some(format!("a {} partition table", t.trim()));
+        }
+    }
+    match (fs, other) {
+        (Some(t), _) if !t.is_empty() => Ok(t),
+        (_, Some(what)) => Err(what),
+        _ if out.trim().is_empty() => Ok(String::new()),
+        _ => Err("an unknown signature".to_owned()),
     }
 }
 
@@ -192,6 +223,18 @@ fn unescape(field: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn blkid_output() {
+        use super::parse_blkid_export as p;
+        assert_eq!(p(""), Ok(String::new()));
+        assert_eq!(
+            p("DEVNAME=/dev/loop0\nUUID=x\nTYPE=ext4\n"),
+            Ok("ext4".into())
+        );
+        assert!(p("DEVNAME=/dev/loop0\nPTUUID=x\nPTTYPE=dos\n").is_err());
+        assert!(p("DEVNAME=/dev/loop0\nUUID=x\n").is_err());
+    }
+
     #[test]
     fn unescapes_mountinfo() {
         assert_eq!(super::unescape("/a\\040b"), "/a b");

@@ -31,8 +31,13 @@
 //!
 //! The index is a plain immutable value. Every ready object carries a [`Fingerprint`] of its
 //! directories and metadata files, so two indexes can be compared object by object.
+//!
+//! [`LayoutIndex::scan`] reads everything once. A mount that follows the remote uses a
+//! [`Scanner`] instead, which remembers what it read and, on the next scan, reads only the
+//! directories and objects whose stamps changed (see `incremental`).
 
 mod fingerprint;
+mod incremental;
 mod isulad;
 mod nofollow;
 mod readiness;
@@ -46,6 +51,8 @@ use std::path::Path;
 use std::time::SystemTime;
 
 pub use fingerprint::{Fingerprint, Part, Stamp};
+pub use incremental::{ScanFailure, ScanStats, Scanner, RACY_MARGIN};
+pub(crate) use isulad::config_file_name as isulad_config_file_name;
 
 /// The most parents a layer may have: overlayfs stacks at most this many lower dirs as
 /// iSulad mounts them (`OVERLAY_LAYER_MAX_DEPTH`).

@@ -90,6 +90,17 @@ impl DirHandle {
     }
 
     /// The file type of `name`, without following it if it is a symlink.
+    /// The attributes of entry `name` itself (a symlink is not followed). `name` may be a
+    /// relative path of several components; only its last one is not followed, so callers
+    /// use it to compare stamps, never to decide what to serve.
+    pub fn lstat(&self, name: &str) -> Result<FileStat, EntryError> {
+        Ok(fstatat(
+            self.fd.as_fd(),
+            name,
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )?)
+    }
+
     pub fn kind_of(&self, name: &str) -> Result<SFlag, EntryError> {
         let st = fstatat(self.fd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
         Ok(file_type(&st))

@@ -33,6 +33,10 @@ const TAR_SPLIT_DECODED_CAP: u64 = 1 << 30;
 /// What an object directory yielded: its facts, or why it cannot be ready.
 pub(crate) type Probed<T> = Result<T, String>;
 
+/// Checks one object directory. The fingerprint is the object's from an earlier scan, if it
+/// was ready then: files whose stamps did not change need not be decoded again.
+pub(crate) type Probe<T> = fn(&DirHandle, &str, Option<&Fingerprint>) -> Probed<T>;
+
 /// The objects found in one area, keyed by id.
 #[derive(Debug)]
 pub(crate) struct Area<T> {
@@ -44,7 +48,7 @@ pub(crate) struct Area<T> {
 }
 
 /// What `<driver>/RO/<id>/` says about a layer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct OverlayFacts {
     pub short: String,
     /// Short ids named by `lower`, in order; `None` when there is no `lower` file.
@@ -54,14 +58,14 @@ pub(crate) struct OverlayFacts {
 }
 
 /// What `<driver>-layers/RO/<id>/` says about a layer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct LayerFacts {
     pub parent: Option<String>,
     pub fingerprint: Fingerprint,
 }
 
 /// What `<driver>-images/<id>/` says about an image.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ImageFacts {
     pub names: Vec<String>,
     pub top_layer: String,
@@ -94,11 +98,7 @@ pub(crate) fn collect(remote_root: &Path, driver: &str) -> Facts {
 /// Entries that cannot be ids (temporary files, bad names, plain files) are garbage and
 /// skipped at debug level. An id-named entry that is not a real directory is reported, since
 /// on a healthy writer that never happens.
-fn scan_area<T>(
-    root: &Result<DirHandle, String>,
-    components: &[&str],
-    probe: fn(&DirHandle, &str) -> Probed<T>,
-) -> Area<T> {
+fn scan_area<T>(root: &Result<DirHandle, String>, components: &[&str], probe: Probe<T>) -> Area<T> {
     let path = components.join("/");
     let mut area = Area {
         path,
@@ -129,7 +129,7 @@ fn scan_area<T>(
             continue;
         }
         let probed = match dir.subdir(&name) {
-            Ok(object) => probe(&object, &name),
+            Ok(object) => probe(&object, &name, None),
             Err(EntryError::NotDirectory) => {
                 tracing::debug!(area = %area.path, %name, "skipping id-named non-directory");
                 continue;
@@ -145,7 +145,7 @@ fn scan_area<T>(
 
 /// Opens an area one component at a time, never through a symlink. `Ok(None)` means the area
 /// does not exist, which is normal for a writer that has not pulled anything yet.
-fn open_area(
+pub(crate) fn open_area(
     root: &Result<DirHandle, String>,
     components: &[&str],
 ) -> Result<Option<DirHandle>, String> {
@@ -168,7 +168,11 @@ fn open_area(
 }
 
 /// Checks `<driver>/RO/<id>/`: `link`, `diff/` and, when present, `lower`.
-fn probe_overlay(dir: &DirHandle, _id: &str) -> Probed<OverlayFacts> {
+pub(crate) fn probe_overlay(
+    dir: &DirHandle,
+    _id: &str,
+    _prev: Option<&Fingerprint>,
+) -> Probed<OverlayFacts> {
     let mut fingerprint = Fingerprint::default();
     let st = dir.stat().map_err(|e| format!("overlay dir: {e}"))?;
     fingerprint.push(Part::OverlayDir, nofollow::stamp(&st, None));
@@ -222,7 +226,11 @@ fn parse_lower(bytes: &[u8]) -> Probed<Vec<String>> {
 }
 
 /// Checks `<driver>-layers/RO/<id>/`: `layer.json` and, for image layers, the tar-split.
-fn probe_layer(dir: &DirHandle, id: &str) -> Probed<LayerFacts> {
+pub(crate) fn probe_layer(
+    dir: &DirHandle,
+    id: &str,
+    prev: Option<&Fingerprint>,
+) -> Probed<LayerFacts> {
     let mut fingerprint = Fingerprint::default();
     let st = dir.stat().map_err(|e| format!("layer dir: {e}"))?;
     fingerprint.push(Part::LayerDir, nofollow::stamp(&st, None));
@@ -242,7 +250,8 @@ fn probe_layer(dir: &DirHandle, id: &str) -> Probed<LayerFacts> {
         p => p.map(str::to_owned),
     };
     if json.has_diff_digest() {
-        let tar_split_st = check_tar_split(dir, &format!("{id}.tar-split.gz"))
+        let known = prev.and_then(|f| f.get(Part::TarSplit));
+        let tar_split_st = check_tar_split(dir, &format!("{id}.tar-split.gz"), known)
             .map_err(|e| format!("tar-split.gz: {e}"))?;
         fingerprint.push(Part::TarSplit, tar_split_st);
     }
@@ -271,7 +280,15 @@ enum TarSplitError {
 
 /// iSulad writes the tar-split in place, not atomically, so a writer caught mid-way leaves a
 /// truncated stream that only decoding to the end reveals.
-fn check_tar_split(dir: &DirHandle, name: &str) -> Result<Stamp, TarSplitError> {
+///
+/// `known` is the stamp of a stream found complete by an earlier scan: a file with the same
+/// inode, size, mtime and ctime is the same complete stream, and is not decoded again (the
+/// tar-split of a big layer takes far longer to decode than every other check together).
+fn check_tar_split(
+    dir: &DirHandle,
+    name: &str,
+    known: Option<&Stamp>,
+) -> Result<Stamp, TarSplitError> {
     let (file, st) = dir.open_file(name).map_err(|e| match e {
         EntryError::Missing => TarSplitError::Missing,
         e => TarSplitError::Entry(e),
@@ -279,17 +296,25 @@ fn check_tar_split(dir: &DirHandle, name: &str) -> Result<Stamp, TarSplitError> 
     if st.st_size == 0 {
         return Err(TarSplitError::Empty);
     }
+    let stamp = nofollow::stamp(&st, None);
+    if known == Some(&stamp) {
+        return Ok(stamp);
+    }
     let mut decoded = MultiGzDecoder::new(file).take(TAR_SPLIT_DECODED_CAP + 1);
     match io::copy(&mut decoded, &mut io::sink()) {
         Ok(n) if n > TAR_SPLIT_DECODED_CAP => Err(TarSplitError::TooLarge),
-        Ok(_) => Ok(nofollow::stamp(&st, None)),
+        Ok(_) => Ok(stamp),
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(TarSplitError::Truncated),
         Err(e) => Err(TarSplitError::Corrupt(e)),
     }
 }
 
 /// Checks `<driver>-images/<id>/`: `images.json`, `manifest` and the config big-data file.
-fn probe_image(dir: &DirHandle, id: &str) -> Probed<ImageFacts> {
+pub(crate) fn probe_image(
+    dir: &DirHandle,
+    id: &str,
+    _prev: Option<&Fingerprint>,
+) -> Probed<ImageFacts> {
     let mut fingerprint = Fingerprint::default();
     let st = dir.stat().map_err(|e| format!("image dir: {e}"))?;
     fingerprint.push(Part::ImageDir, nofollow::stamp(&st, None));

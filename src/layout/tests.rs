@@ -841,3 +841,157 @@ fn fingerprints_tell_changed_objects_apart() {
     );
     assert_eq!(after.image(&id(IMAGE)).unwrap().names, ["busybox:newest"]);
 }
+
+// ---- Incremental scans ----
+
+fn scanner(tree: &Tree) -> Scanner {
+    let mut s = Scanner::new(tree.tmp.path(), "overlay");
+    // Test trees are seconds old at most: trust stamps at once, check files every scan.
+    s.racy_margin = std::time::Duration::ZERO;
+    s
+}
+
+#[test]
+fn an_unchanged_tree_is_not_read_again() {
+    let tree = Tree::standard();
+    let mut s = scanner(&tree);
+    s.full_check_every = 1000;
+    let first = s.scan().unwrap();
+    assert_all_ready(&first);
+    assert_eq!(s.stats().listed, 3);
+    assert_eq!(s.stats().probed, 7, "3 overlay dirs, 3 layer dirs, 1 image");
+    let again = s.scan().unwrap();
+    assert_all_ready(&again);
+    assert_eq!(
+        s.stats(),
+        ScanStats {
+            listed: 0,
+            probed: 0,
+            reused: 7
+        }
+    );
+    assert_eq!(
+        first.image_fingerprint(&id(IMAGE)),
+        again.image_fingerprint(&id(IMAGE))
+    );
+}
+
+#[test]
+fn incremental_scans_see_additions_removals_and_rewrites() {
+    let tree = Tree::standard();
+    let mut s = scanner(&tree);
+    s.scan().unwrap();
+
+    tree.layer(4, Some(TOP));
+    tree.image(0xa2, 4);
+    let index = s.scan().unwrap();
+    assert!(index.layer(&id(4)).is_some() && index.image(&id(0xa2)).is_some());
+    assert_eq!(s.stats().listed, 3);
+
+    // A re-tag: images.json replaced through a rename.
+    let before = index.image_fingerprint(&id(IMAGE)).cloned().unwrap();
+    let dir = tree.path(&image_dir(IMAGE));
+    fs::write(
+        dir.join(".tmp"),
+        format!(
+            r#"{{"id":"{}","names":["busybox:v2"],"layer":"{}"}}"#,
+            id(IMAGE),
+            id(TOP)
+        ),
+    )
+    .unwrap();
+    fs::rename(dir.join(".tmp"), dir.join("images.json")).unwrap();
+    let index = s.scan().unwrap();
+    assert_eq!(index.image(&id(IMAGE)).unwrap().names, vec!["busybox:v2"]);
+    assert!(index
+        .image_fingerprint(&id(IMAGE))
+        .unwrap()
+        .files_differ(&before));
+
+    tree.remove(&image_dir(0xa2));
+    tree.remove(&overlay(4));
+    tree.remove(&meta(4));
+    let index = s.scan().unwrap();
+    assert!(index.layer(&id(4)).is_none() && index.image(&id(0xa2)).is_none());
+    assert_all_ready(&index);
+}
+
+#[test]
+fn a_removed_parent_makes_cached_children_not_ready() {
+    let tree = Tree::standard();
+    let mut s = scanner(&tree);
+    s.full_check_every = 1000;
+    s.scan().unwrap();
+    tree.remove(&overlay(BASE));
+    tree.remove(&meta(BASE));
+    let index = s.scan().unwrap();
+    assert_eq!(index.layers().count(), 0);
+    assert!(index.image(&id(IMAGE)).is_none());
+    assert!(reason(&index, ObjectKind::Image, &id(IMAGE)).contains("not ready"));
+}
+
+#[test]
+fn an_in_place_edit_is_found_by_the_full_check() {
+    let tree = Tree::standard();
+    let mut s = scanner(&tree);
+    s.full_check_every = 1;
+    s.scan().unwrap();
+    // Written in place: the directory's stamp does not move.
+    let json = tree.path(&format!("{}/images.json", image_dir(IMAGE)));
+    let dir_before = fs::metadata(json.parent().unwrap())
+        .unwrap()
+        .modified()
+        .unwrap();
+    fs::write(
+        &json,
+        format!(
+            r#"{{"id":"{}","names":["edited:in-place"],"layer":"{}"}}"#,
+            id(IMAGE),
+            id(TOP)
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        fs::metadata(json.parent().unwrap())
+            .unwrap()
+            .modified()
+            .unwrap(),
+        dir_before
+    );
+    let index = s.scan().unwrap();
+    assert_eq!(
+        index.image(&id(IMAGE)).unwrap().names,
+        vec!["edited:in-place"]
+    );
+}
+
+#[test]
+fn a_completed_tar_split_is_found_and_a_known_one_is_not_decoded_again() {
+    let tree = Tree::standard();
+    let path = tree.path(&tar_split(TOP));
+    let full = fs::read(&path).unwrap();
+    fs::write(&path, &full[..full.len() - 4]).unwrap();
+    let mut s = scanner(&tree);
+    let index = s.scan().unwrap();
+    assert!(index.layer(&id(TOP)).is_none());
+    assert!(reason(&index, ObjectKind::Layer, &id(TOP)).contains("truncated"));
+    fs::write(&path, &full).unwrap();
+    let index = s.scan().unwrap();
+    assert_all_ready(&index);
+}
+
+#[test]
+fn a_vanished_root_fails_the_scan_instead_of_emptying_it() {
+    let tree = Tree::standard();
+    let mut s = scanner(&tree);
+    s.scan().unwrap();
+    let mut away = tree.tmp.path().as_os_str().to_owned();
+    away.push("-away");
+    let away = PathBuf::from(away);
+    fs::rename(tree.tmp.path(), &away).unwrap();
+    let result = s.scan();
+    fs::rename(&away, tree.tmp.path()).unwrap();
+    let err = result.unwrap_err();
+    assert!(err.0.contains("remote root"), "{err}");
+    assert_all_ready(&s.scan().unwrap());
+}

@@ -132,6 +132,11 @@ impl InodeTable {
         }
     }
 
+    /// A snapshot of the live nodes (the table is not locked while the caller looks at them).
+    pub fn live(&self) -> Vec<Arc<Node>> {
+        self.nodes.read().values().cloned().collect()
+    }
+
     pub fn len(&self) -> usize {
         self.nodes.read().len()
     }

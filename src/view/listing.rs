@@ -73,7 +73,7 @@ impl View {
                 });
             }
         }
-        if let Some(remote) = fds.remote() {
+        if let Some(remote) = fds.remote().filter(|_| self.remote_reachable(zone)) {
             let dev = store::stat_fd(remote.as_fd())?.st_dev;
             for e in store::read_dir(remote)? {
                 if !self.layout.remote_visible(zone, &e.name, &index)

@@ -21,6 +21,7 @@ pub mod listing;
 pub mod marker;
 pub mod namespace;
 pub mod node;
+pub mod refresh;
 pub mod zone;
 
 use std::ffi::{CStr, OsStr};
@@ -67,6 +68,12 @@ enum Found {
 pub struct View {
     pub layout: Layout,
     index: RwLock<Arc<LayoutIndex>>,
+    /// The numbers handed out for the layout's fixed directories, by zone: the parents a
+    /// refresh invalidates names in (see [`refresh`]).
+    skeleton: parking_lot::Mutex<std::collections::HashMap<Zone, Vec<u64>>>,
+    /// Cleared while the remote does not answer: directories above the shared areas then
+    /// stop asking it (see [`View::set_remote_available`]).
+    remote_available: std::sync::atomic::AtomicBool,
     pub inodes: InodeTable,
     local_root: Arc<OwnedFd>,
     remote_root: Arc<OwnedFd>,
@@ -99,6 +106,8 @@ impl View {
         let view = View {
             layout,
             index: RwLock::new(Arc::new(index)),
+            skeleton: Default::default(),
+            remote_available: std::sync::atomic::AtomicBool::new(true),
             inodes: InodeTable::new(),
             local_root: Arc::new(local_root),
             remote_root: Arc::new(remote_root),
@@ -185,6 +194,9 @@ impl View {
         let Some(remote) = fds.remote() else {
             return Ok(None);
         };
+        if !self.remote_reachable(parent.zone) {
+            return Ok(None);
+        }
         if !self.layout.remote_visible(parent.zone, name, index) {
             return Ok(None);
         }
@@ -244,6 +256,7 @@ impl View {
             Node::new(ino, kind, zone, state)
         });
         node.state().add_alias(parent, name);
+        self.remember_skeleton(&node);
         if let Some(e) = failure {
             self.inodes.forget(ino, 1);
             return Err(e);
@@ -288,7 +301,7 @@ impl View {
                 Err(e) => return (state, Some(e)),
             }
         }
-        if zone.merges_remote() {
+        if zone.merges_remote() && self.remote_reachable(parent.zone) {
             if let Some(remote) = fds.remote() {
                 if self.layout.remote_visible(parent.zone, name, &self.index()) {
                     match store::open_dir_at(remote, c) {

@@ -1,0 +1,148 @@
+//! mount(8)'s calling convention for external helpers:
+//! `mount.layerfs SOURCE MOUNTPOINT [-sfnv] [-N NAMESPACE] [-o OPTIONS] [-t TYPE]`.
+
+use std::path::PathBuf;
+
+/// Options mount(8) and fstab carry for mount(8) itself or for other programs (systemd,
+/// fsck ordering, user mounts). A helper must accept and ignore them.
+fn is_foreign(option: &str) -> bool {
+    matches!(
+        option,
+        "defaults"
+            | "nofail"
+            | "_netdev"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "users"
+            | "nouser"
+            | "owner"
+            | "group"
+    ) || option.starts_with("x-")
+        || option.starts_with("comment=")
+        || option.starts_with("user=")
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Args {
+    pub source: PathBuf,
+    pub mountpoint: PathBuf,
+    /// The options meant for layerfs, in order.
+    pub options: Vec<String>,
+    /// `-s`: ignore options layerfs does not know instead of failing.
+    pub sloppy: bool,
+    /// `-f`: check everything, mount nothing.
+    pub fake: bool,
+    pub verbose: bool,
+    /// `-N`: the mount namespace to mount in (a path or a pid).
+    pub namespace: Option<String>,
+    /// `-t`: `layerfs` or `fuse.layerfs`.
+    pub fstype: Option<String>,
+}
+
+pub fn parse(argv: &[String]) -> Result<Args, String> {
+    let mut args = Args::default();
+    let mut positional = Vec::new();
+    let mut it = argv.iter();
+    while let Some(arg) = it.next() {
+        let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty()) else {
+            positional.push(arg.clone());
+            continue;
+        };
+        let mut chars = flags.chars();
+        while let Some(flag) = chars.next() {
+            match flag {
+                's' => args.sloppy = true,
+                'f' => args.fake = true,
+                'n' => {}
+                'v' => args.verbose = true,
+                'o' | 'N' | 't' => {
+                    // The value is the rest of this word, or the next one.
+                    let rest: String = chars.by_ref().collect();
+                    let value = if rest.is_empty() {
+                        it.next()
+                            .cloned()
+                            .ok_or_else(|| format!("option -{flag} needs a value"))?
+                    } else {
+                        rest
+                    };
+                    match flag {
+                        'o' => args.options.extend(
+                            value
+                                .split(',')
+                                .map(str::trim)
+                                .filter(|o| !o.is_empty() && !is_foreign(o))
+                                .map(String::from),
+                        ),
+                        'N' => args.namespace = Some(value),
+                        _ => args.fstype = Some(value),
+                    }
+                }
+                other => return Err(format!("unknown flag -{other}")),
+            }
+        }
+    }
+    match positional.as_slice() {
+        [source, mountpoint] => {
+            args.source = PathBuf::from(source);
+            args.mountpoint = PathBuf::from(mountpoint);
+        }
+        _ => {
+            return Err(
+                "usage: mount.layerfs REMOTE MOUNTPOINT [-sfnv] [-N NAMESPACE] [-o OPTIONS]".into(),
+            )
+        }
+    }
+    if let Some(t) = &args.fstype {
+        if t != "layerfs" && t != "fuse.layerfs" {
+            return Err(format!("filesystem type '{t}' is not layerfs"));
+        }
+    }
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn the_mount8_form_parses() {
+        let a = parse(&argv(
+            "/srv/remote /mnt -o local=/l,allow_other,_netdev,x-systemd.after=x -n -v",
+        ))
+        .unwrap();
+        assert_eq!(a.source, PathBuf::from("/srv/remote"));
+        assert_eq!(a.mountpoint, PathBuf::from("/mnt"));
+        assert_eq!(a.options, vec!["local=/l", "allow_other"]);
+        assert!(a.verbose && !a.fake && !a.sloppy);
+    }
+
+    #[test]
+    fn flags_combine_and_values_attach() {
+        let a = parse(&argv("-sfv r m -olocal=/x -N 1234 -t fuse.layerfs")).unwrap();
+        assert!(a.sloppy && a.fake && a.verbose);
+        assert_eq!(a.options, vec!["local=/x"]);
+        assert_eq!(a.namespace.as_deref(), Some("1234"));
+        assert_eq!(a.fstype.as_deref(), Some("fuse.layerfs"));
+    }
+
+    #[test]
+    fn every_foreign_option_is_dropped() {
+        let a = parse(&argv("r m -o defaults,nofail,_netdev,auto,noauto,user,users,comment=a=b,x-mount.mkdir,user=bob,ro")).unwrap();
+        assert_eq!(a.options, vec!["ro"]);
+    }
+
+    #[test]
+    fn bad_calls_say_why() {
+        assert!(parse(&argv("onlyone")).unwrap_err().contains("usage"));
+        assert!(parse(&argv("r m -o"))
+            .unwrap_err()
+            .contains("-o needs a value"));
+        assert!(parse(&argv("r m -q")).unwrap_err().contains("-q"));
+        assert!(parse(&argv("r m -t ext4")).unwrap_err().contains("ext4"));
+    }
+}

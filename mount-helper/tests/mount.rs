@@ -1,0 +1,271 @@
+//! The helper as mount(8) runs it: installed where mount(8) looks for helpers (`/sbin`),
+//! called through the real `mount -t layerfs`, `mount -T FSTAB`, and `umount`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const HELPER: &str = env!("CARGO_BIN_EXE_mount-layerfs");
+const NAMES: [&str; 2] = ["/sbin/mount.layerfs", "/sbin/mount.fuse.layerfs"];
+
+/// Tests run in parallel: the first installs the helper, the last removes it (and puts
+/// back whatever was there before).
+static INSTALLED: Mutex<(usize, Vec<(PathBuf, Option<PathBuf>)>)> = Mutex::new((0, Vec::new()));
+
+struct Installed;
+
+impl Installed {
+    fn new() -> Installed {
+        let mut state = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+        if state.0 == 0 {
+            for name in NAMES {
+                let name = PathBuf::from(name);
+                let backup = fs::symlink_metadata(&name).ok().map(|_| {
+                    let b = name.with_extension("layerfs-test-backup");
+                    fs::rename(&name, &b).unwrap();
+                    b
+                });
+                fs::copy(HELPER, &name).unwrap();
+                state.1.push((name, backup));
+            }
+        }
+        state.0 += 1;
+        Installed
+    }
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let mut state = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 -= 1;
+        if state.0 == 0 {
+            for (name, backup) in state.1.drain(..) {
+                let _ = fs::remove_file(&name);
+                if let Some(b) = backup {
+                    let _ = fs::rename(b, &name);
+                }
+            }
+        }
+    }
+}
+
+/// A remote (a copy of the shipped fixture), a local and a mountpoint in a temp dir.
+struct Trees {
+    dir: tempfile::TempDir,
+    remote: PathBuf,
+    local: PathBuf,
+    mnt: PathBuf,
+    _helper: Installed,
+}
+
+impl Trees {
+    fn new() -> Trees {
+        let helper = Installed::new();
+        let dir = tempfile::Builder::new()
+            .prefix("layerfs-mount")
+            .tempdir()
+            .unwrap();
+        let remote = dir.path().join("remote");
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/remote");
+        assert!(Command::new("cp")
+            .arg("-a")
+            .arg(&fixture)
+            .arg(&remote)
+            .status()
+            .unwrap()
+            .success());
+        let (local, mnt) = (dir.path().join("local"), dir.path().join("mnt"));
+        fs::create_dir(&local).unwrap();
+        fs::create_dir(&mnt).unwrap();
+        Trees {
+            dir,
+            remote,
+            local,
+            mnt,
+            _helper: helper,
+        }
+    }
+
+    fn mount(&self, extra: &[&str]) -> Output {
+        Command::new("mount")
+            .args(["-t", "layerfs"])
+            .arg(&self.remote)
+            .arg(&self.mnt)
+            .arg("-o")
+            .arg(format!("local={},allow_other", self.local.display()))
+            .args(extra)
+            .output()
+            .unwrap()
+    }
+
+    fn assert_serves(&self) {
+        assert!(is_mounted(&self.mnt), "not mounted");
+        let names: Vec<_> = fs::read_dir(&self.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 3, "the layout's top level: {names:?}");
+        assert!(self.mnt.join("overlay/l").is_dir());
+    }
+}
+
+impl Drop for Trees {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while is_mounted(&self.mnt) && Instant::now() < deadline {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = &self.dir;
+    }
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn mount_t_layerfs_mounts_and_umount_stops_it() {
+    let t = Trees::new();
+    let out = t.mount(&[]);
+    assert!(out.status.success(), "mount failed: {}", stderr(&out));
+    t.assert_serves();
+    assert!(Command::new("umount")
+        .arg(&t.mnt)
+        .status()
+        .unwrap()
+        .success());
+    assert!(!is_mounted(&t.mnt));
+}
+
+#[test]
+fn an_fstab_line_works_with_mount_a_and_by_mountpoint() {
+    let t = Trees::new();
+    let fstab = t.dir.path().join("fstab");
+    fs::write(
+        &fstab,
+        format!(
+            "# a comment\n{} {} layerfs local={},_netdev,nofail,x-systemd.requires=network.target,allow_other 0 0\n",
+            t.remote.display(),
+            t.mnt.display(),
+            t.local.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("mount")
+        .arg("-T")
+        .arg(&fstab)
+        .arg(&t.mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount -T FSTAB MOUNTPOINT: {}",
+        stderr(&out)
+    );
+    t.assert_serves();
+    assert!(Command::new("umount")
+        .arg(&t.mnt)
+        .status()
+        .unwrap()
+        .success());
+
+    let out = Command::new("mount")
+        .arg("--fstab")
+        .arg(&fstab)
+        .arg("-a")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount --fstab FSTAB -a: {}",
+        stderr(&out)
+    );
+    t.assert_serves();
+}
+
+#[test]
+fn fuse_dot_layerfs_is_the_same_helper() {
+    let t = Trees::new();
+    let out = Command::new("mount")
+        .args(["-t", "fuse.layerfs"])
+        .arg(&t.remote)
+        .arg(&t.mnt)
+        .arg("-o")
+        .arg(format!("local={}", t.local.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    t.assert_serves();
+}
+
+#[test]
+fn bad_options_fail_with_32_and_a_clear_line() {
+    let t = Trees::new();
+    let out = t.mount(&["-o", "bogus_option"]);
+    assert_eq!(out.status.code(), Some(32), "{}", stderr(&out));
+    assert!(stderr(&out).contains("bogus_option"), "{}", stderr(&out));
+    assert!(!is_mounted(&t.mnt));
+
+    let out = Command::new("mount")
+        .args(["-t", "layerfs"])
+        .arg(&t.remote)
+        .arg(&t.mnt)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(32));
+    assert!(
+        stderr(&out).contains("local"),
+        "names the missing option: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_missing_remote_fails_cleanly() {
+    let t = Trees::new();
+    let out = Command::new("mount")
+        .args(["-t", "layerfs"])
+        .arg(t.dir.path().join("no-such-remote"))
+        .arg(&t.mnt)
+        .arg("-o")
+        .arg(format!("local={}", t.local.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(32));
+    assert!(stderr(&out).contains("no-such-remote"), "{}", stderr(&out));
+    assert!(!is_mounted(&t.mnt));
+}
+
+#[test]
+fn a_second_mount_on_the_same_mountpoint_fails_and_leaves_the_first() {
+    let t = Trees::new();
+    assert!(t.mount(&[]).status.success());
+    let out = t.mount(&[]);
+    assert_eq!(out.status.code(), Some(32), "{}", stderr(&out));
+    assert!(stderr(&out).contains("busy"), "{}", stderr(&out));
+    t.assert_serves();
+}
+
+#[test]
+fn fake_mode_checks_without_mounting() {
+    let t = Trees::new();
+    let out = Command::new(HELPER)
+        .arg(&t.remote)
+        .arg(&t.mnt)
+        .args(["-f", "-v", "-o"])
+        .arg(format!("local={}", t.local.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!is_mounted(&t.mnt));
+}

@@ -1,0 +1,183 @@
+//! The client side: find a mount's control socket from its mountpoint, ask, read the answer.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::protocol::{self, Op};
+
+/// How long to wait for an answer. A refresh waits for a scan, which has its own, shorter
+/// timeout on the daemon's side.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// The longest answer read: room for listings of many thousands of layers.
+const MAX_ANSWER: u64 = 256 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no layerfs mount at {} (no control socket at {})", mountpoint.display(), socket.display())]
+    NoSocket {
+        mountpoint: PathBuf,
+        socket: PathBuf,
+    },
+    #[error(
+        "no layerfs mount at {} (nothing listens on the control socket {}; a mount that died left it)",
+        mountpoint.display(),
+        socket.display()
+    )]
+    NotListening {
+        mountpoint: PathBuf,
+        socket: PathBuf,
+    },
+    #[error("control socket {}: permission denied (it is root's)", socket.display())]
+    Denied { socket: PathBuf },
+    #[error("control socket {}: {source}", socket.display())]
+    Io {
+        socket: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("control socket {}: unreadable answer: {reason}", socket.display())]
+    BadAnswer { socket: PathBuf, reason: String },
+    #[error("layerfs at {}: {message}", mountpoint.display())]
+    Refused {
+        mountpoint: PathBuf,
+        message: String,
+    },
+    #[error("the refresh round could not scan the remote: {0}")]
+    RoundFailed(String),
+}
+
+/// Asks the mount at `mountpoint` (as given on the command line) `op`, and returns the
+/// answer's payload.
+pub fn query(mountpoint: &Path, op: Op) -> Result<Value, ClientError> {
+    let mountpoint = resolve_mountpoint(mountpoint);
+    let socket = super::socket_path(&mountpoint);
+    query_at(&mountpoint, &socket, op)
+}
+
+/// Asks the server on `socket` `op`, on behalf of `mountpoint` (for messages).
+pub fn query_at(mountpoint: &Path, socket: &Path, op: Op) -> Result<Value, ClientError> {
+    let io_err = |source: io::Error| ClientError::Io {
+        socket: socket.to_owned(),
+        source,
+    };
+    let mut stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => ClientError::NoSocket {
+            mountpoint: mountpoint.to_owned(),
+            socket: socket.to_owned(),
+        },
+        io::ErrorKind::ConnectionRefused => ClientError::NotListening {
+            mountpoint: mountpoint.to_owned(),
+            socket: socket.to_owned(),
+        },
+        io::ErrorKind::PermissionDenied => ClientError::Denied {
+            socket: socket.to_owned(),
+        },
+        _ => io_err(e),
+    })?;
+    stream
+        .set_read_timeout(Some(ANSWER_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(ANSWER_TIMEOUT)))
+        .map_err(io_err)?;
+    stream
+        .write_all(&protocol::request_line(op))
+        .map_err(io_err)?;
+    let mut line = Vec::new();
+    BufReader::new(&stream)
+        .take(MAX_ANSWER)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::Io {
+                socket: socket.to_owned(),
+                source: io::Error::new(e.kind(), "no answer in time"),
+            },
+            _ => io_err(e),
+        })?;
+    let bad = |reason: String| ClientError::BadAnswer {
+        socket: socket.to_owned(),
+        reason,
+    };
+    if line.is_empty() {
+        return Err(bad("the connection closed without an answer".into()));
+    }
+    let mut answer: Value = serde_json::from_slice(&line).map_err(|e| bad(e.to_string()))?;
+    match answer.get("ok").and_then(Value::as_bool) {
+        Some(true) => answer
+            .get_mut(op.key())
+            .map(Value::take)
+            .ok_or_else(|| bad(format!("no '{}' in it", op.key()))),
+        Some(false) => Err(ClientError::Refused {
+            mountpoint: mountpoint.to_owned(),
+            message: answer
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("unspecified error")
+                .to_owned(),
+        }),
+        None => Err(bad("no 'ok' in it".into())),
+    }
+}
+
+/// The canonical path the mount was made at, resolved without depending on the mount
+/// itself answering: a mount whose daemon died fails every lookup (`ENOTCONN`), and that
+/// is just when a user asks what happened.
+pub fn resolve_mountpoint(path: &Path) -> PathBuf {
+    if let Ok(canonical) = std::fs::canonicalize(path) {
+        return canonical;
+    }
+    let absolute = if path.is_absolute() {
+        path.to_owned()
+    } else {
+        match std::env::current_dir() {
+            Ok(cwd) => cwd.join(path),
+            Err(_) => path.to_owned(),
+        }
+    };
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(parent), Some(name)) => match std::fs::canonicalize(parent) {
+            Ok(parent) => parent.join(name),
+            Err(_) => absolute,
+        },
+        _ => absolute,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_missing_and_relative_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = std::fs::canonicalize(tmp.path()).unwrap();
+        assert_eq!(
+            resolve_mountpoint(&tmp.path().join("gone")),
+            real.join("gone")
+        );
+        std::fs::create_dir(real.join("d")).unwrap();
+        std::os::unix::fs::symlink(real.join("d"), real.join("link")).unwrap();
+        assert_eq!(resolve_mountpoint(&real.join("link")), real.join("d"));
+        assert_eq!(resolve_mountpoint(&real.join("d/")), real.join("d"));
+    }
+
+    #[test]
+    fn missing_and_dead_sockets_say_so() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mnt = Path::new("/nowhere");
+        let socket = tmp.path().join("x.sock");
+        let e = query_at(mnt, &socket, Op::Status).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "no layerfs mount at /nowhere (no control socket at {})",
+                socket.display()
+            )
+        );
+        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+        let e = query_at(mnt, &socket, Op::Status).unwrap_err();
+        assert!(matches!(e, ClientError::NotListening { .. }), "{e}");
+    }
+}

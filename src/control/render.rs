@@ -1,0 +1,433 @@
+//! Human-readable output of the control commands. Every function takes `now` (seconds since
+//! the epoch) so that "12s ago" can be tested.
+
+use std::fmt::Write;
+
+use super::protocol::{ImageView, LayerView, RoundView, StatusView};
+
+/// Ids in table columns that point elsewhere (parents, top layers) are cut to this many
+/// characters, as `docker` does; the full id is in the `ID` column of the other table.
+const SHORT_ID: usize = 12;
+
+/// `layerfs status`: what the mount is, how its remote is, what the last round found, and
+/// why each object that is not shown is not ready.
+pub fn status(s: &StatusView, now: f64) -> String {
+    let mut out = String::new();
+    let mut line = |label: &str, value: &str| {
+        let _ = writeln!(out, "{label:<12}{value}");
+    };
+    line("mountpoint", &s.mountpoint);
+    let health = &s.remote_health;
+    let remote = if health.healthy {
+        format!("{}: healthy since {}", s.remote, when(health.since, now))
+    } else {
+        format!(
+            "{}: NOT ANSWERING since {}{}",
+            s.remote,
+            when(health.since, now),
+            health
+                .last_error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        )
+    };
+    line("remote", &remote);
+    line("local", &s.local);
+    line("driver", &s.driver);
+    line("socket", &s.socket);
+    let interval = if s.refresh_interval_secs > 0.0 {
+        format!("every {}", seconds(s.refresh_interval_secs))
+    } else {
+        "on demand only".to_owned()
+    };
+    line(
+        "refresh",
+        &format!(
+            "{interval}; {} since mounted",
+            count(s.rounds as usize, "round")
+        ),
+    );
+    match &s.last_round {
+        None => {
+            line("last round", "none yet");
+        }
+        Some(r) => {
+            line(
+                "last round",
+                &format!(
+                    "{}, took {}: {}",
+                    when(r.started, now),
+                    millis(r.duration),
+                    changes(r)
+                ),
+            );
+            if let Some(e) = &r.error {
+                line(
+                    "",
+                    &format!("remote scan failed: {e} (the view is as last seen)"),
+                );
+            }
+            line(
+                "ready",
+                &format!(
+                    "{}, {}",
+                    count(r.ready_layers, "layer"),
+                    count(r.ready_images, "image")
+                ),
+            );
+            let layers = r.not_ready.iter().filter(|n| n.kind == "layer").count();
+            let images = r.not_ready.iter().filter(|n| n.kind == "image").count();
+            let others = r.not_ready.len() - layers - images;
+            let mut summary = format!("{}, {}", count(layers, "layer"), count(images, "image"));
+            if others > 0 {
+                let _ = write!(summary, ", {others} other");
+            }
+            if !r.not_ready.is_empty() {
+                summary.push(':');
+            }
+            line("not ready", &summary);
+            for n in &r.not_ready {
+                let _ = writeln!(out, "  {} {}: {}", n.kind, n.name, n.reason);
+            }
+        }
+    }
+    out
+}
+
+/// `layerfs refresh`: what the round changed.
+pub fn round(r: &RoundView) -> String {
+    let mut out = format!("round took {}: {}\n", millis(r.duration), changes(r));
+    for (mark, list) in [("+", &r.added), ("-", &r.removed), ("~", &r.changed)] {
+        for o in list {
+            let _ = writeln!(out, "  {mark} {} {}", o.kind, o.id);
+        }
+    }
+    if let Some(e) = &r.error {
+        let _ = writeln!(out, "remote scan failed: {e} (the view is as last seen)");
+    }
+    let _ = write!(
+        out,
+        "ready: {}, {}",
+        count(r.ready_layers, "layer"),
+        count(r.ready_images, "image")
+    );
+    if r.not_ready.is_empty() {
+        out.push('\n');
+    } else {
+        let _ = writeln!(
+            out,
+            "; not ready: {} (`layerfs status` says why)",
+            r.not_ready.len()
+        );
+    }
+    out
+}
+
+/// `layerfs layers`: one row per ready layer.
+pub fn layers(layers: &[LayerView]) -> String {
+    let rows: Vec<[String; 3]> = layers
+        .iter()
+        .map(|l| {
+            [
+                l.id.clone(),
+                l.short.clone(),
+                l.parent.as_deref().map_or("-".to_owned(), cut),
+            ]
+        })
+        .collect();
+    table(["ID", "SHORT", "PARENT"], &rows)
+}
+
+/// `layerfs images`: one row per ready image.
+pub fn images(images: &[ImageView]) -> String {
+    let rows: Vec<[String; 3]> = images
+        .iter()
+        .map(|i| {
+            let names = if i.names.is_empty() {
+                "-".to_owned()
+            } else {
+                i.names.join(",")
+            };
+            [i.id.clone(), cut(&i.top_layer), names]
+        })
+        .collect();
+    table(["ID", "TOP LAYER", "NAMES"], &rows)
+}
+
+fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(|h| h.chars().count());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut push = |cells: Vec<&str>| {
+        let mut line = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == N {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<w$}  ");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    };
+    push(header.to_vec());
+    for row in rows {
+        push(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn cut(id: &str) -> String {
+    id.chars().take(SHORT_ID).collect()
+}
+
+fn changes(r: &RoundView) -> String {
+    format!(
+        "{} added, {} removed, {} changed",
+        r.added.len(),
+        r.removed.len(),
+        r.changed.len()
+    )
+}
+
+/// `1 layer`, `2 layers`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+fn millis(ms: f64) -> String {
+    if ms < 1000.0 {
+        format!("{ms:.1} ms")
+    } else {
+        format!("{:.2} s", ms / 1000.0)
+    }
+}
+
+fn seconds(s: f64) -> String {
+    if s.fract() == 0.0 {
+        format!("{s:.0}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// `2024-05-01 12:00:03 UTC (12s ago)`.
+fn when(t: f64, now: f64) -> String {
+    format!("{} ({})", utc(t), ago(now - t))
+}
+
+fn ago(secs: f64) -> String {
+    if !secs.is_finite() || secs < 0.0 {
+        return "just now".to_owned();
+    }
+    let s = secs as u64;
+    match s {
+        0 => "just now".to_owned(),
+        1..=119 => format!("{s}s ago"),
+        120..=7199 => format!("{}m ago", s / 60),
+        7200..=172_799 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86400),
+    }
+}
+
+/// Seconds since the epoch as a UTC date and time (no time zone database needed).
+fn utc(t: f64) -> String {
+    if !(0.0..=1e12).contains(&t) {
+        return "?".to_owned();
+    }
+    let secs = t as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Pretty JSON with a final newline, for `--json`.
+pub fn json(value: &serde_json::Value) -> String {
+    let mut s = serde_json::to_string_pretty(value).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::protocol::{HealthView, NotReadyView, RefView};
+    use super::*;
+
+    const T0: f64 = 1_714_564_803.0; // 2024-05-01 12:00:03 UTC
+
+    fn round_view() -> RoundView {
+        RoundView {
+            started: T0,
+            duration: 3.25,
+            added: vec![RefView {
+                kind: "image".into(),
+                id: "39c4".into(),
+            }],
+            removed: vec![],
+            changed: vec![RefView {
+                kind: "layer".into(),
+                id: "7f54".into(),
+            }],
+            ready_layers: 4,
+            ready_images: 1,
+            not_ready: vec![
+                NotReadyView {
+                    kind: "layer".into(),
+                    name: "cf2e".into(),
+                    reason: "layer.json has \"incompelte\": true".into(),
+                },
+                NotReadyView {
+                    kind: "image".into(),
+                    name: "3cc6".into(),
+                    reason: "top layer a4ef does not exist".into(),
+                },
+            ],
+            error: None,
+        }
+    }
+
+    fn status_view() -> StatusView {
+        StatusView {
+            mountpoint: "/var/lib/isulad/storage".into(),
+            remote: "/mnt/nfs".into(),
+            local: "/var/lib/layerfs".into(),
+            driver: "overlay".into(),
+            socket: "/run/layerfs/mounts/var-lib-isulad-storage.sock".into(),
+            refresh_interval_secs: 5.0,
+            rounds: 7,
+            remote_health: HealthView {
+                healthy: true,
+                since: T0 - 3600.0,
+                last_error: None,
+            },
+            last_round: Some(round_view()),
+        }
+    }
+
+    #[test]
+    fn status_explains_every_object_that_is_not_ready() {
+        let text = status(&status_view(), T0 + 12.0);
+        let want = "\
+mountpoint  /var/lib/isulad/storage
+remote      /mnt/nfs: healthy since 2024-05-01 11:00:03 UTC (60m ago)
+local       /var/lib/layerfs
+driver      overlay
+socket      /run/layerfs/mounts/var-lib-isulad-storage.sock
+refresh     every 5s; 7 rounds since mounted
+last round  2024-05-01 12:00:03 UTC (12s ago), took 3.2 ms: 1 added, 0 removed, 1 changed
+ready       4 layers, 1 image
+not ready   1 layer, 1 image:
+  layer cf2e: layer.json has \"incompelte\": true
+  image 3cc6: top layer a4ef does not exist
+";
+        assert_eq!(text, want);
+    }
+
+    #[test]
+    fn status_shows_an_unhealthy_remote_and_a_failed_round() {
+        let mut s = status_view();
+        s.remote_health = HealthView {
+            healthy: false,
+            since: T0,
+            last_error: Some("Stale file handle".into()),
+        };
+        s.refresh_interval_secs = 0.0;
+        let mut r = round_view();
+        r.error = Some("scan timed out".into());
+        r.not_ready.clear();
+        s.last_round = Some(r);
+        let text = status(&s, T0 + 300.0);
+        assert!(text.contains(
+            "remote      /mnt/nfs: NOT ANSWERING since 2024-05-01 12:00:03 UTC (5m ago): Stale file handle\n"
+        ), "{text}");
+        assert!(text.contains("refresh     on demand only;"), "{text}");
+        assert!(
+            text.contains("remote scan failed: scan timed out"),
+            "{text}"
+        );
+        assert!(text.ends_with("not ready   0 layers, 0 images\n"), "{text}");
+        s.last_round = None;
+        assert!(status(&s, T0).contains("last round  none yet\n"));
+    }
+
+    #[test]
+    fn refresh_lists_what_changed() {
+        let text = round(&round_view());
+        assert_eq!(
+            text,
+            "round took 3.2 ms: 1 added, 0 removed, 1 changed\n  + image 39c4\n  ~ layer 7f54\n\
+             ready: 4 layers, 1 image; not ready: 2 (`layerfs status` says why)\n"
+        );
+    }
+
+    #[test]
+    fn tables_align() {
+        let text = layers(&[
+            LayerView {
+                id: "aaaa".into(),
+                short: "S1".into(),
+                parent: None,
+            },
+            LayerView {
+                id: "bb".into(),
+                short: "S2".into(),
+                parent: Some("aaaaaaaaaaaaaaaaaaaa".into()),
+            },
+        ]);
+        assert_eq!(
+            text,
+            "ID    SHORT  PARENT\naaaa  S1     -\nbb    S2     aaaaaaaaaaaa\n"
+        );
+        let text = images(&[ImageView {
+            id: "i".into(),
+            top_layer: "t".into(),
+            names: vec!["a:1".into(), "b:2".into()],
+        }]);
+        assert_eq!(text, "ID  TOP LAYER  NAMES\ni   t          a:1,b:2\n");
+        assert_eq!(images(&[]), "ID  TOP LAYER  NAMES\n");
+    }
+
+    #[test]
+    fn times_read_well() {
+        assert_eq!(utc(0.0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400.0), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(f64::NAN), "?");
+        assert_eq!(ago(0.4), "just now");
+        assert_eq!(ago(-5.0), "just now");
+        assert_eq!(ago(90.0), "90s ago");
+        assert_eq!(ago(7200.0), "2h ago");
+        assert_eq!(ago(3.0 * 86400.0), "3d ago");
+        assert_eq!(millis(0.25), "0.2 ms");
+        assert_eq!(millis(1500.0), "1.50 s");
+        assert_eq!(seconds(2.5), "2.5s");
+    }
+}

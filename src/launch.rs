@@ -1,0 +1,89 @@
+//! Starting a mount from a front end: the `layerfs mount` command and the `mount.layerfs`
+//! helper do the same steps, in the same order, through this one function.
+//!
+//! 1. Validate the configuration, so a bad one fails with one line and nothing started.
+//! 2. Detach (unless in the foreground): the command returns only once the mount is live,
+//!    with `failure_code` if it never becomes so (mount(8) wants 32 from its helpers).
+//! 3. Log: to stderr in the foreground; detached, to the journal when there is one (and
+//!    warnings to stderr until the daemon lets go of the terminal), or to `log_file`.
+//! 4. Serve until unmounted, telling systemd (`Type=notify`) once the mount is live.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+use crate::config::MountConfig;
+use crate::daemon::{self, Readiness};
+use crate::error::{Error, Result};
+
+/// Mounts `config` and serves it until it is unmounted. In the detaching parent this does
+/// not return: the process exits with 0 or `failure_code`.
+pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
+    config.validate()?;
+    let mut readiness = if config.foreground {
+        Readiness::foreground()
+    } else {
+        daemon::detach(failure_code).map_err(Error::Detach)?
+    };
+    init_logging(&config);
+    let result = crate::mount::serve(&config, &mut readiness);
+    if let Err(e) = &result {
+        readiness.failed(&e.to_string());
+        tracing::error!(error = %e, "mount failed");
+    }
+    result
+}
+
+/// The default filter, unless `RUST_LOG` says otherwise.
+fn filter(level: &str) -> EnvFilter {
+    // fuser warns that its own unmount-on-drop failed after every external umount: the
+    // filesystem is already gone then, so that line says nothing.
+    EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},fuser::session=error")))
+}
+
+fn init_logging(config: &MountConfig) {
+    let registry = tracing_subscriber::registry();
+    if let Some(path) = &config.log_file {
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            Ok(file) => {
+                let layer = tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(std::sync::Mutex::new(file))
+                    .with_filter(filter("info"));
+                let _ = registry.with(layer).try_init();
+                return;
+            }
+            Err(e) => eprintln!(
+                "layerfs: log file {}: {e}; logging to stderr",
+                path.display()
+            ),
+        }
+    }
+    let ansi = std::io::stderr().is_terminal();
+    if config.foreground {
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+            .with_filter(filter("info"));
+        let _ = registry.with(layer).try_init();
+        return;
+    }
+    // Detached: only warnings reach the terminal the command returns to (and nothing once
+    // stderr is /dev/null); the full log goes to the journal where there is one.
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .with_filter(filter("warn"));
+    let journal = tracing_journald::layer().ok().map(|j| {
+        j.with_syslog_identifier("layerfs".into())
+            .with_filter(filter("info"))
+    });
+    let _ = registry.with(stderr).with(journal).try_init();
+}

@@ -1,0 +1,158 @@
+//! Telling the kernel what a round changed, and nothing else.
+//!
+//! The kernel caches names (negative ones too), attributes and file data for long (see
+//! `fs`), so after a round it must forget exactly what the round changed:
+//!
+//! - every added, removed or re-pointed name in a layout directory (`inval_entry` on each
+//!   number the directory is known by): an added name may sit in the cache as a negative
+//!   entry from an earlier failed lookup;
+//! - for an object whose directory stayed but whose files changed (a re-tag rewrites
+//!   `images.json` through a rename): the names of its metadata files in its directory, and
+//!   the attributes and data of the directory and every file of it the kernel holds
+//!   (`inval_inode`);
+//! - the attributes of every layout directory whose entries changed.
+//!
+//! Synthesized symlinks that disappear or change target lose their number first, so the
+//! kernel, asking again, gets a new node rather than its cached target.
+//!
+//! Notifications go through the FUSE device and may wait for the kernel's locks on the
+//! directory, which a request in progress may hold: they are sent only from the refresh
+//! thread, never from a thread serving requests (that would deadlock). A notification about
+//! something the kernel does not cache fails with `ENOENT`, which is success here.
+
+use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
+use std::io;
+
+use super::diff::{Diff, ZoneKey};
+use crate::layout::isulad_config_file_name;
+use crate::view::View;
+
+/// Where invalidations go: the FUSE notifier, or a recorder in tests.
+pub trait Kernel: Send {
+    fn inval_entry(&self, parent: u64, name: &OsStr) -> io::Result<()>;
+    /// Attributes and all cached data of one inode.
+    fn inval_inode(&self, ino: u64) -> io::Result<()>;
+}
+
+impl Kernel for fuser::Notifier {
+    fn inval_entry(&self, parent: u64, name: &OsStr) -> io::Result<()> {
+        fuser::Notifier::inval_entry(self, fuser::INodeNo(parent), name)
+    }
+
+    fn inval_inode(&self, ino: u64) -> io::Result<()> {
+        // Offset 0, length 0: the attributes and every cached page.
+        fuser::Notifier::inval_inode(self, fuser::INodeNo(ino), 0, 0)
+    }
+}
+
+/// How many notifications a round sent.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    pub entries: usize,
+    pub inodes: usize,
+    pub failed: usize,
+}
+
+/// Sends the invalidations for `diff`. Call after the new index is in place.
+pub fn apply(view: &View, diff: &Diff, kernel: &dyn Kernel) -> Sent {
+    let mut sent = Sent::default();
+    let mut result = |r: io::Result<()>, what: &str, ino: u64| match r {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            sent.failed += 1;
+            tracing::debug!(error = %e, ino, what, "kernel cache invalidation failed");
+        }
+    };
+
+    for (zone, name) in &diff.relinked {
+        for parent in view.layout_dir_inos(zone.zone()) {
+            view.unbind_virtual(parent, OsStr::new(name));
+        }
+    }
+
+    let mut entries = 0;
+    let mut inodes = 0;
+    let mut dirs_changed: HashSet<u64> = HashSet::new();
+    for (zone, name) in &diff.names {
+        for parent in view.layout_dir_inos(zone.zone()) {
+            result(
+                kernel.inval_entry(parent, OsStr::new(name)),
+                "entry",
+                parent,
+            );
+            entries += 1;
+            dirs_changed.insert(parent);
+        }
+    }
+
+    if !diff.touched.is_empty() {
+        // The directories of touched objects the kernel holds, then their files.
+        let mut parents: HashSet<u64> = HashSet::new();
+        for (zone, _) in &diff.touched {
+            parents.extend(view.layout_dir_inos(zone.zone()));
+        }
+        let wanted: HashSet<(u64, OsString)> = diff
+            .touched
+            .iter()
+            .flat_map(|(zone, id)| {
+                view.layout_dir_inos(zone.zone())
+                    .into_iter()
+                    .map(move |p| (p, OsString::from(id)))
+            })
+            .collect();
+        let mut object_dirs: Vec<(u64, ZoneKey, String)> = Vec::new();
+        for child in view.live_children(&parents) {
+            if wanted.contains(&(child.parent, child.name.clone())) {
+                let zone = diff
+                    .touched
+                    .iter()
+                    .find(|(z, id)| {
+                        view.layout_dir_inos(z.zone()).contains(&child.parent)
+                            && OsStr::new(id) == child.name
+                    })
+                    .map(|(z, _)| *z);
+                if let (Some(zone), Some(id)) = (zone, child.name.to_str()) {
+                    object_dirs.push((child.ino, zone, id.to_owned()));
+                }
+            }
+        }
+        for (dir, zone, id) in &object_dirs {
+            for file in metadata_files(*zone, id) {
+                result(kernel.inval_entry(*dir, OsStr::new(&file)), "entry", *dir);
+                entries += 1;
+            }
+            result(kernel.inval_inode(*dir), "inode", *dir);
+            inodes += 1;
+        }
+        let dirs: HashSet<u64> = object_dirs.iter().map(|(ino, _, _)| *ino).collect();
+        for child in view.live_children(&dirs) {
+            result(kernel.inval_inode(child.ino), "inode", child.ino);
+            inodes += 1;
+        }
+    }
+
+    for dir in dirs_changed {
+        result(kernel.inval_inode(dir), "inode", dir);
+        inodes += 1;
+    }
+    sent.entries = entries;
+    sent.inodes = inodes;
+    sent
+}
+
+/// The metadata files of an object directory in a layout area: the ones whose change makes
+/// the object "changed".
+fn metadata_files(zone: ZoneKey, id: &str) -> Vec<String> {
+    match zone {
+        ZoneKey::DriverRo => vec!["link".into(), "lower".into()],
+        ZoneKey::LayersRo => vec!["layer.json".into(), format!("{id}.tar-split.gz")],
+        ZoneKey::Images => vec![
+            "images.json".into(),
+            "manifest".into(),
+            isulad_config_file_name(id),
+        ],
+        _ => Vec::new(),
+    }
+}

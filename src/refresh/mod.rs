@@ -1,0 +1,589 @@
+//! Following the remote tree while the view is mounted (DESIGN §5).
+//!
+//! Writer hosts add, re-tag and remove images in the shared tree at any time. A *round*
+//! brings the view up to date with it:
+//!
+//! 1. **scan** the shared areas, incrementally (`layout::Scanner`): unchanged directories
+//!    are not listed, unchanged objects are not parsed again; readiness is decided afresh
+//!    over the whole set;
+//! 2. **diff** the new ready sets against the index the kernel was told about: added,
+//!    removed and changed objects ([`diff`]);
+//! 3. **swap** the view's index ([`View::swap_index`]): a request sees the old index or
+//!    the new one, never a mixture, since it takes one `Arc` of it for its whole lookup;
+//! 4. **invalidate** exactly the kernel cache entries the diff touches ([`invalidate`]).
+//!
+//! Rounds run on the refresher thread, every `refresh` interval, on demand (the control
+//! socket's `refresh`, `SIGUSR1`), and on inotify events when the remote is a local
+//! filesystem ([`watch`]). Requests reach the thread through a `crossbeam-channel`; an
+//! on-demand request carries the channel its [`RoundReport`] goes back on.
+//!
+//! # A remote that does not answer
+//!
+//! The scan itself runs on a separate, disposable thread, and the refresher waits for it at
+//! most `scan_timeout`. A scan that does not come back in time (an NFS server that stopped
+//! answering), or that fails on the remote root or an area with an error saying the remote
+//! is unwell (`ENOTCONN`, `ESTALE`, `EIO`, …), makes the round fail:
+//!
+//! - the remote is marked unhealthy, with the time it became so and the error, in `status`;
+//! - the last good index stays in place (or, with `hide_unhealthy`, an empty one is swapped
+//!   in and the remote objects disappear from the view until the remote is back);
+//! - directories above the shared areas stop asking the remote (see
+//!   [`View::set_remote_available`]), so listing the root or `overlay/` does not hang;
+//! - a scan thread that is stuck is abandoned, never joined; while it stays stuck, later
+//!   rounds fail at once instead of stacking more stuck threads on the dead mount. When it
+//!   returns, the next round scans again, and the first good scan makes the remote healthy.
+//!
+//! What is guaranteed: the refresher thread and the control socket never wait on the remote
+//! longer than `scan_timeout`, and requests for local paths never touch the remote at all.
+//! What is not: a request that reads remote content (a file in a remote layer) goes to the
+//! remote, and waits for it as any NFS client would. Such requests tie up a serving thread
+//! each, which is why a mount serves with several (`threads`); the rest keep serving.
+//!
+//! # Not-ready objects
+//!
+//! Not-ready objects are re-checked every round (a pull in progress becomes ready when the
+//! writer finishes). Each is logged when it becomes not ready or its reason changes, and
+//! once more when it becomes ready or goes away: not once per round.
+
+pub mod diff;
+pub mod invalidate;
+pub mod report;
+pub mod watch;
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_channel::{bounded, never, select, tick, unbounded, Receiver, Sender};
+use parking_lot::Mutex;
+use tracing::{debug, info, warn};
+
+use crate::layout::{LayoutIndex, Scanner};
+use crate::view::View;
+use diff::Diff;
+use invalidate::Kernel;
+use report::{
+    ImageInfo, Kind, LayerInfo, MountControl, NotReadyRef, RemoteHealth, RoundReport, Status,
+};
+
+/// How long inotify events are collected before they trigger one round: a pull writes many
+/// files in a burst.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// How rounds are scheduled and what happens when the remote fails.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Time between rounds; zero = only on demand.
+    pub interval: Duration,
+    /// How long a scan may take before the remote counts as not answering.
+    pub scan_timeout: Duration,
+    /// Hide remote objects while the remote does not answer, instead of serving the last
+    /// good index.
+    pub hide_unhealthy: bool,
+    /// Watch the remote with inotify when it is a local filesystem.
+    pub inotify: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            interval: Duration::from_secs(5),
+            scan_timeout: Duration::from_secs(30),
+            hide_unhealthy: false,
+            inotify: true,
+        }
+    }
+}
+
+/// What a mount is, as `status` names it.
+#[derive(Debug, Clone, Default)]
+pub struct MountInfo {
+    pub mountpoint: PathBuf,
+    pub remote: PathBuf,
+    pub local: PathBuf,
+    pub driver: String,
+}
+
+/// Something that scans the remote: the incremental [`Scanner`], or a stand-in in tests.
+pub trait Source: Send + 'static {
+    fn scan(&mut self) -> Result<LayoutIndex, String>;
+}
+
+impl Source for Scanner {
+    fn scan(&mut self) -> Result<LayoutIndex, String> {
+        let result = Scanner::scan(self).map_err(|e| e.0);
+        let stats = self.stats();
+        debug!(
+            listed = stats.listed,
+            probed = stats.probed,
+            reused = stats.reused,
+            "remote scanned"
+        );
+        result
+    }
+}
+
+enum Request {
+    /// Run a round; the report goes back on the channel, if any.
+    Round(Option<Sender<RoundReport>>),
+    /// Something changed remotely (inotify): run a round soon.
+    Wake,
+    Stop,
+}
+
+/// The state `status` reports, updated by every round.
+struct State {
+    rounds: u64,
+    health: RemoteHealth,
+    last_round: Option<RoundReport>,
+    socket: String,
+}
+
+/// The mount's side of the control socket: answers [`MountControl`] from the refresher's
+/// shared state and the view's index, without ever touching the remote itself.
+pub struct RefreshHandle {
+    tx: Sender<Request>,
+    state: Arc<Mutex<State>>,
+    view: Arc<View>,
+    info: MountInfo,
+    options: Options,
+}
+
+impl RefreshHandle {
+    /// Records the control socket's path, which `status` shows.
+    pub fn set_socket(&self, path: &Path) {
+        self.state.lock().socket = path.display().to_string();
+    }
+
+    /// Asks for a round without waiting for it (`SIGUSR1`, inotify).
+    pub fn trigger(&self) {
+        let _ = self.tx.send(Request::Round(None));
+    }
+
+    /// Asks the refresher thread to stop after its current round.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Request::Stop);
+    }
+
+    /// The remote's health now.
+    pub fn health(&self) -> RemoteHealth {
+        self.state.lock().health.clone()
+    }
+
+    fn failed_report(&self, error: String) -> RoundReport {
+        let index = self.view.index();
+        RoundReport {
+            started: SystemTime::now(),
+            duration: Duration::ZERO,
+            added: Vec::new(),
+            removed: Vec::new(),
+            changed: Vec::new(),
+            ready_layers: index.layers().count(),
+            ready_images: index.images().count(),
+            not_ready: not_ready_refs(&index),
+            error: Some(error),
+        }
+    }
+}
+
+impl MountControl for RefreshHandle {
+    fn status(&self) -> Status {
+        let state = self.state.lock();
+        Status {
+            mountpoint: self.info.mountpoint.display().to_string(),
+            remote: self.info.remote.display().to_string(),
+            local: self.info.local.display().to_string(),
+            driver: self.info.driver.clone(),
+            socket: state.socket.clone(),
+            refresh_interval_secs: self.options.interval.as_secs_f64(),
+            rounds: state.rounds,
+            remote_health: state.health.clone(),
+            last_round: state.last_round.clone(),
+        }
+    }
+
+    fn refresh(&self) -> RoundReport {
+        let (tx, rx) = bounded(1);
+        if self.tx.send(Request::Round(Some(tx))).is_err() {
+            return self.failed_report("the refresh thread is not running".into());
+        }
+        // A round in progress finishes first, and each waits at most the scan timeout;
+        // invalidation is quick unless the kernel is itself stuck on the remote.
+        let wait = self.options.scan_timeout * 2 + Duration::from_secs(10);
+        match rx.recv_timeout(wait) {
+            Ok(report) => report,
+            Err(_) => self.failed_report(format!(
+                "no refresh round finished within {} s",
+                wait.as_secs()
+            )),
+        }
+    }
+
+    fn layers(&self) -> Vec<LayerInfo> {
+        self.view
+            .index()
+            .layers()
+            .map(|l| LayerInfo {
+                id: l.id.clone(),
+                short: l.short.clone(),
+                parent: l.parent.clone(),
+            })
+            .collect()
+    }
+
+    fn images(&self) -> Vec<ImageInfo> {
+        self.view
+            .index()
+            .images()
+            .map(|i| ImageInfo {
+                id: i.id.clone(),
+                top_layer: i.top_layer.clone(),
+                names: i.names.clone(),
+            })
+            .collect()
+    }
+}
+
+/// The scan source, or the thread it is busy on.
+enum Slot {
+    Idle(Box<dyn Source>),
+    Busy {
+        rx: Receiver<ScanDone>,
+        since: SystemTime,
+    },
+}
+
+type ScanDone = (Box<dyn Source>, Result<LayoutIndex, String>);
+
+/// The refresh engine: owns the scan source and runs rounds. Built before the mount (its
+/// first round gives the view its index), then moved onto its own thread by [`start`].
+///
+/// [`start`]: Refresher::start
+pub struct Refresher {
+    view: Arc<View>,
+    slot: Option<Slot>,
+    kernel: Option<Box<dyn Kernel>>,
+    state: Arc<Mutex<State>>,
+    rx: Receiver<Request>,
+    handle: Arc<RefreshHandle>,
+    options: Options,
+    remote: PathBuf,
+    /// Not-ready objects and their reasons as last logged.
+    reasons: BTreeMap<(Kind, String), String>,
+    /// Whether the empty index stands in for a failed remote (`hide_unhealthy`).
+    hidden: bool,
+    watcher: Option<watch::Watcher>,
+}
+
+impl Refresher {
+    pub fn new(
+        view: Arc<View>,
+        source: Box<dyn Source>,
+        info: MountInfo,
+        options: Options,
+    ) -> Refresher {
+        let (tx, rx) = unbounded();
+        let now = SystemTime::now();
+        let state = Arc::new(Mutex::new(State {
+            rounds: 0,
+            health: RemoteHealth {
+                healthy: true,
+                since: now,
+                last_error: None,
+            },
+            last_round: None,
+            socket: String::new(),
+        }));
+        let remote = info.remote.clone();
+        let handle = Arc::new(RefreshHandle {
+            tx,
+            state: state.clone(),
+            view: view.clone(),
+            info,
+            options: options.clone(),
+        });
+        Refresher {
+            view,
+            slot: Some(Slot::Idle(source)),
+            kernel: None,
+            state,
+            rx,
+            handle,
+            options,
+            remote,
+            reasons: BTreeMap::new(),
+            hidden: false,
+            watcher: None,
+        }
+    }
+
+    /// The handle the control socket answers through.
+    pub fn handle(&self) -> Arc<RefreshHandle> {
+        self.handle.clone()
+    }
+
+    /// Starts the refresher thread. From now on rounds tell `kernel` what they change.
+    pub fn start(mut self, kernel: Box<dyn Kernel>) -> std::io::Result<JoinHandle<()>> {
+        self.kernel = Some(kernel);
+        if self.options.inotify && !self.options.interval.is_zero() {
+            let driver = self.handle.info.driver.clone();
+            self.watcher = watch::Watcher::start(&self.remote, &driver, &self.handle);
+            if let Some(w) = &mut self.watcher {
+                w.update(&self.view.index());
+            }
+        }
+        std::thread::Builder::new()
+            .name("refresh".into())
+            .spawn(move || self.run())
+    }
+
+    fn run(mut self) {
+        let ticker = if self.options.interval.is_zero() {
+            never()
+        } else {
+            tick(self.options.interval)
+        };
+        loop {
+            let mut replies = Vec::new();
+            select! {
+                recv(self.rx) -> msg => match msg {
+                    Ok(Request::Round(reply)) => replies.extend(reply),
+                    Ok(Request::Wake) => {
+                        // Let a burst of events settle into one round.
+                        let deadline = Instant::now() + DEBOUNCE;
+                        while let Ok(msg) = self.rx.recv_deadline(deadline) {
+                            match msg {
+                                Request::Round(reply) => replies.extend(reply),
+                                Request::Wake => {}
+                                Request::Stop => return,
+                            }
+                        }
+                    }
+                    Ok(Request::Stop) | Err(_) => return,
+                },
+                recv(ticker) -> _ => {}
+            }
+            // Everybody who asked before this round starts gets this round's report.
+            while let Ok(msg) = self.rx.try_recv() {
+                match msg {
+                    Request::Round(reply) => replies.extend(reply),
+                    Request::Wake => {}
+                    Request::Stop => return,
+                }
+            }
+            let report = self.round();
+            for reply in replies {
+                let _ = reply.send(report.clone());
+            }
+        }
+    }
+
+    /// Runs one round: scan, diff, swap, invalidate; updates `status`.
+    pub fn round(&mut self) -> RoundReport {
+        let started = SystemTime::now();
+        let clock = Instant::now();
+        let scanned = self.scan();
+        let (diff, error) = match scanned {
+            Ok(index) => {
+                self.set_health(true, None);
+                self.view.set_remote_available(true);
+                let reanchored = self.view.reanchor_remote(&self.remote);
+                if reanchored > 0 {
+                    debug!(reanchored, "remote directories re-opened");
+                }
+                let old = if self.hidden {
+                    Arc::new(LayoutIndex::default())
+                } else {
+                    self.view.index()
+                };
+                let diff = Diff::between(&old, &index);
+                self.log_not_ready(&index);
+                self.view.swap_index(index);
+                self.hidden = false;
+                self.invalidate(&diff);
+                if let Some(w) = &mut self.watcher {
+                    w.update(&self.view.index());
+                }
+                (diff, None)
+            }
+            Err(error) => {
+                self.set_health(false, Some(error.clone()));
+                self.view.set_remote_available(false);
+                let mut diff = Diff::default();
+                if self.options.hide_unhealthy && !self.hidden {
+                    let empty = LayoutIndex::default();
+                    diff = Diff::between(&self.view.index(), &empty);
+                    self.view.swap_index(empty);
+                    self.hidden = true;
+                    self.invalidate(&diff);
+                }
+                (diff, Some(error))
+            }
+        };
+        let index = self.view.index();
+        let report = RoundReport {
+            started,
+            duration: clock.elapsed(),
+            added: diff.added,
+            removed: diff.removed,
+            changed: diff.changed,
+            ready_layers: index.layers().count(),
+            ready_images: index.images().count(),
+            not_ready: not_ready_refs(&index),
+            error,
+        };
+        let busy = !report.added.is_empty()
+            || !report.removed.is_empty()
+            || !report.changed.is_empty()
+            || report.error.is_some();
+        if busy {
+            info!(
+                added = report.added.len(),
+                removed = report.removed.len(),
+                changed = report.changed.len(),
+                layers = report.ready_layers,
+                images = report.ready_images,
+                ms = report.duration.as_secs_f64() * 1000.0,
+                error = report.error.as_deref().unwrap_or(""),
+                "refresh round"
+            );
+        } else {
+            debug!(
+                ms = report.duration.as_secs_f64() * 1000.0,
+                "refresh round: nothing changed"
+            );
+        }
+        let mut state = self.state.lock();
+        state.rounds += 1;
+        state.last_round = Some(report.clone());
+        report
+    }
+
+    fn invalidate(&self, diff: &Diff) {
+        if let Some(kernel) = &self.kernel {
+            let sent = invalidate::apply(&self.view, diff, kernel.as_ref());
+            if sent.entries + sent.inodes > 0 {
+                debug!(
+                    entries = sent.entries,
+                    inodes = sent.inodes,
+                    failed = sent.failed,
+                    "kernel caches invalidated"
+                );
+            }
+        }
+    }
+
+    /// Runs the scan on a disposable thread, waiting at most the scan timeout.
+    fn scan(&mut self) -> Result<LayoutIndex, String> {
+        let source = match self.slot.take() {
+            Some(Slot::Idle(source)) => source,
+            Some(Slot::Busy { rx, since }) => match rx.try_recv() {
+                // The stuck scan came back: its result is old, scan again.
+                Ok((source, _)) => source,
+                Err(_) => {
+                    let secs = SystemTime::now()
+                        .duration_since(since)
+                        .unwrap_or_default()
+                        .as_secs();
+                    self.slot = Some(Slot::Busy { rx, since });
+                    return Err(format!(
+                        "remote not answering: a scan started {secs} s ago has not returned"
+                    ));
+                }
+            },
+            None => return Err("no scanner (an earlier scan thread could not start)".into()),
+        };
+        let (tx, rx) = bounded::<ScanDone>(1);
+        let worker = std::thread::Builder::new()
+            .name("refresh-scan".into())
+            .spawn(move || {
+                let mut source = source;
+                let result = catch_unwind(AssertUnwindSafe(|| source.scan()))
+                    .unwrap_or_else(|_| Err("the scan panicked".to_owned()));
+                let _ = tx.send((source, result));
+            });
+        if let Err(e) = worker {
+            return Err(format!("cannot start a scan thread: {e}"));
+        }
+        match rx.recv_timeout(self.options.scan_timeout) {
+            Ok((source, result)) => {
+                self.slot = Some(Slot::Idle(source));
+                result
+            }
+            Err(_) => {
+                self.slot = Some(Slot::Busy {
+                    rx,
+                    since: SystemTime::now(),
+                });
+                Err(format!(
+                    "remote not answering: scan did not finish within {} s",
+                    self.options.scan_timeout.as_secs_f64()
+                ))
+            }
+        }
+    }
+
+    fn set_health(&self, healthy: bool, error: Option<String>) {
+        let mut state = self.state.lock();
+        let health = &mut state.health;
+        if health.healthy != healthy {
+            health.since = SystemTime::now();
+            if healthy {
+                info!(remote = %self.remote.display(), "remote answers again");
+            } else {
+                warn!(
+                    remote = %self.remote.display(),
+                    error = error.as_deref().unwrap_or(""),
+                    "remote unhealthy"
+                );
+            }
+        }
+        health.healthy = healthy;
+        if error.is_some() {
+            health.last_error = error;
+        }
+    }
+
+    /// Logs not-ready objects when their state changes, not every round.
+    fn log_not_ready(&mut self, index: &LayoutIndex) {
+        let now: BTreeMap<(Kind, String), String> = index
+            .not_ready()
+            .iter()
+            .map(|nr| ((nr.kind.into(), nr.name.clone()), nr.reason.clone()))
+            .collect();
+        for (key, reason) in &now {
+            if self.reasons.get(key) != Some(reason) {
+                info!(kind = ?key.0, name = %key.1, %reason, "remote object not ready");
+            }
+        }
+        for key in self.reasons.keys() {
+            if !now.contains_key(key) {
+                let ready = match key.0 {
+                    Kind::Layer => index.layer(&key.1).is_some(),
+                    Kind::Image => index.image(&key.1).is_some(),
+                };
+                let what = if ready { "now ready" } else { "gone" };
+                info!(kind = ?key.0, name = %key.1, "remote object {what}");
+            }
+        }
+        self.reasons = now;
+    }
+}
+
+fn not_ready_refs(index: &LayoutIndex) -> Vec<NotReadyRef> {
+    index
+        .not_ready()
+        .iter()
+        .map(|nr| NotReadyRef {
+            kind: nr.kind.into(),
+            name: nr.name.clone(),
+            reason: nr.reason.clone(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
