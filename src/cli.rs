@@ -33,6 +33,17 @@ pub enum Command {
     Layers(ControlArgs),
     /// List a running mount's ready images.
     Images(ControlArgs),
+    /// Unmount a layerfs mount and wait until its daemon has finished.
+    Umount(UmountArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UmountArgs {
+    /// Seconds to wait for the daemon to finish after the unmount.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub wait: u64,
+    /// The mount to stop.
+    pub mountpoint: PathBuf,
 }
 
 /// The arguments of the commands that ask a running mount over its control socket.

@@ -34,7 +34,8 @@ mount options (-o a,b=c,...):
                        let the kernel do file I/O directly where it can [passthrough]
   entry_timeout=SECS   how long the kernel caches names [3600]
   attr_timeout=SECS    how long the kernel caches attributes [3600]
-  log_file=PATH        where a detached daemon logs [none]
+  log_file=PATH        where a detached daemon logs [the journal when detached]
+  log=LEVEL            error, warn, info, debug, trace, or a RUST_LOG-style filter [info]
   fsname=NAME          the source shown in /proc/mounts [the remote path]
   default_permissions  accepted; always on (the kernel checks permissions)";
 
@@ -56,6 +57,8 @@ pub struct MountConfig {
     pub entry_timeout: Duration,
     pub attr_timeout: Duration,
     pub log_file: Option<PathBuf>,
+    /// A `tracing` filter (`debug`, `layerfs=debug,fuser=info`…); `RUST_LOG` wins over it.
+    pub log_level: Option<String>,
     pub fsname: Option<String>,
     /// Time between refresh rounds; zero = only on demand.
     pub refresh: Duration,
@@ -87,6 +90,7 @@ impl Default for MountConfig {
             entry_timeout: Duration::from_secs(3600),
             attr_timeout: Duration::from_secs(3600),
             log_file: None,
+            log_level: None,
             fsname: None,
             refresh: Duration::from_secs(5),
             scan_timeout: Duration::from_secs(30),
@@ -157,6 +161,16 @@ impl MountConfig {
             ("inotify", None) => self.inotify = true,
             ("noinotify", None) => self.inotify = false,
             ("log_file", v) => self.log_file = Some(PathBuf::from(need(v)?)),
+            ("log", v) => {
+                let level = need(v)?;
+                if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
+                    return Err(bad(
+                        opt,
+                        "must be a log level (error, warn, info, debug, trace) or a filter",
+                    ));
+                }
+                self.log_level = Some(level);
+            }
             ("fsname", v) => self.fsname = Some(need(v)?),
             (
                 "allow_other"
@@ -371,6 +385,15 @@ mod tests {
         assert!(c.refresh.is_zero());
         c.apply_options("refresh=250ms").unwrap();
         assert_eq!(c.refresh, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn log_levels_are_checked() {
+        let mut c = MountConfig::default();
+        c.apply_options("log=layerfs=debug").unwrap();
+        assert_eq!(c.log_level.as_deref(), Some("layerfs=debug"));
+        let err = c.apply_options("log=loud=[").unwrap_err().to_string();
+        assert!(err.contains("log=loud=["), "{err}");
     }
 
     #[test]

@@ -36,12 +36,15 @@ pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
     result
 }
 
-/// The default filter, unless `RUST_LOG` says otherwise.
-fn filter(level: &str) -> EnvFilter {
+/// `RUST_LOG` if set, else `-o log=`, else `level`.
+fn filter(config: &MountConfig, level: &str) -> EnvFilter {
+    if let Ok(filter) = EnvFilter::try_from_default_env() {
+        return filter;
+    }
+    let level = config.log_level.as_deref().unwrap_or(level);
     // fuser warns that its own unmount-on-drop failed after every external umount: the
     // filesystem is already gone then, so that line says nothing.
-    EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},fuser::session=error")))
+    EnvFilter::new(format!("{level},fuser::session=error"))
 }
 
 fn init_logging(config: &MountConfig) {
@@ -56,7 +59,7 @@ fn init_logging(config: &MountConfig) {
                 let layer = tracing_subscriber::fmt::layer()
                     .with_ansi(false)
                     .with_writer(std::sync::Mutex::new(file))
-                    .with_filter(filter("info"));
+                    .with_filter(filter(config, "info"));
                 let _ = registry.with(layer).try_init();
                 return;
             }
@@ -71,7 +74,7 @@ fn init_logging(config: &MountConfig) {
         let layer = tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
             .with_writer(std::io::stderr)
-            .with_filter(filter("info"));
+            .with_filter(filter(config, "info"));
         let _ = registry.with(layer).try_init();
         return;
     }
@@ -80,10 +83,10 @@ fn init_logging(config: &MountConfig) {
     let stderr = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr)
-        .with_filter(filter("warn"));
+        .with_filter(filter(config, "warn"));
     let journal = tracing_journald::layer().ok().map(|j| {
         j.with_syslog_identifier("layerfs".into())
-            .with_filter(filter("info"))
+            .with_filter(filter(config, "info"))
     });
     let _ = registry.with(stderr).with(journal).try_init();
 }

@@ -22,6 +22,12 @@ fn main() -> ExitCode {
         Command::Refresh(args) => control(Op::Refresh, args),
         Command::Layers(args) => control(Op::Layers, args),
         Command::Images(args) => control(Op::Images, args),
+        Command::Umount(args) => layerfs::control::umount::umount(
+            &args.mountpoint,
+            std::time::Duration::from_secs(args.wait),
+        )
+        .map(drop)
+        .map_err(anyhow::Error::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -654,3 +654,30 @@ fn a_mount_removes_its_socket_when_unmounted() {
         stderr(&out)
     );
 }
+
+#[test]
+fn umount_waits_for_the_daemon_and_refuses_a_busy_mount() {
+    let mut m = mount_with(|_| {});
+    let socket = socket_of(&m);
+    let held = std::fs::File::open(m.diff("L1").join("etc/hostname")).unwrap();
+    let out = ask(&["umount"], &m.mnt);
+    assert!(!out.status.success(), "a busy mount must not be unmounted");
+    assert!(stderr(&out).contains("busy"), "{}", stderr(&out));
+    assert!(is_mounted(&m.mnt));
+    drop(held);
+    let out = ask(&["umount"], &m.mnt);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!is_mounted(&m.mnt));
+    assert!(
+        !socket.exists(),
+        "the daemon finished before the command returned"
+    );
+    // The daemon exits with success: the harness checks it.
+    m.unmount();
+    let out = ask(&["umount"], &m.mnt);
+    assert!(
+        stderr(&out).contains("no layerfs mount"),
+        "{}",
+        stderr(&out)
+    );
+}

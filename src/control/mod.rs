@@ -37,6 +37,7 @@ mod path;
 pub mod protocol;
 pub mod render;
 mod server;
+pub mod umount;
 
 pub use client::{query, ClientError};
 pub use path::{escape_path, run_dir, socket_path, socket_path_in, DEFAULT_RUN_DIR, RUN_DIR_ENV};

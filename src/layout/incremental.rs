@@ -61,6 +61,10 @@ pub struct ScanStats {
     pub probed: usize,
     /// Object directories whose earlier result was reused.
     pub reused: usize,
+    /// Whether anything the readiness rules see differs from the previous scan: objects
+    /// added, gone, or probed with a different outcome. A not-ready object probed again
+    /// with the same reason does not count.
+    pub dirty: bool,
 }
 
 /// One object directory as last seen.
@@ -125,10 +129,35 @@ impl Scanner {
         self.stats
     }
 
+    /// Like [`scan`](Self::scan), but `Ok(None)` when nothing differs from the previous
+    /// scan, so the caller keeps the index it has and skips the readiness rules, the diff
+    /// and the swap: what makes an idle round cost little more than one `lstat` per object.
+    /// `force` asks for an index regardless (the caller no longer has the last one).
+    pub fn scan_if_changed(&mut self, force: bool) -> Result<Option<LayoutIndex>, ScanFailure> {
+        let first = self.scans == 0;
+        let index = self.scan_facts()?;
+        if !force && !first && !self.stats.dirty {
+            return Ok(None);
+        }
+        Ok(Some(index.map_or_else(
+            || LayoutIndex::invalid_driver(&self.driver),
+            |facts| readiness::resolve(facts, &self.driver),
+        )))
+    }
+
     /// Scans the shared areas, reusing what has not changed since the previous scan.
     pub fn scan(&mut self) -> Result<LayoutIndex, ScanFailure> {
+        Ok(match self.scan_facts()? {
+            Some(facts) => readiness::resolve(facts, &self.driver),
+            None => LayoutIndex::invalid_driver(&self.driver),
+        })
+    }
+
+    /// Brings the caches up to date; `None` for a driver name that is not one.
+    fn scan_facts(&mut self) -> Result<Option<Facts>, ScanFailure> {
         if !is_driver_name(&self.driver) {
-            return Ok(LayoutIndex::invalid_driver(&self.driver));
+            self.scans = self.scans.wrapping_add(1);
+            return Ok(None);
         }
         self.stats = ScanStats::default();
         self.scans = self.scans.wrapping_add(1);
@@ -167,14 +196,11 @@ impl Scanner {
             slice,
             stats,
         )?;
-        Ok(readiness::resolve(
-            Facts {
-                overlay,
-                layers,
-                images,
-            },
-            &self.driver,
-        ))
+        Ok(Some(Facts {
+            overlay,
+            layers,
+            images,
+        }))
     }
 }
 
@@ -268,12 +294,14 @@ fn refresh_area<T: Clone + HasFingerprint>(
     let dir = match walk(root, components) {
         Ok(Some(dir)) => dir,
         Ok(None) => {
+            stats.dirty |= cache.stamp.is_some();
             *cache = AreaCache::default();
             return Ok(area);
         }
         Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
         Err(e) => {
             *cache = AreaCache::default();
+            stats.dirty = true;
             area.problem = Some(format!("{path}: {e}"));
             return Ok(area);
         }
@@ -283,6 +311,7 @@ fn refresh_area<T: Clone + HasFingerprint>(
         Ok(st) => stamp_of(&st),
         Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
         Err(e) => {
+            stats.dirty = true;
             area.problem = Some(format!("cannot list: {e}"));
             return Ok(area);
         }
@@ -295,6 +324,7 @@ fn refresh_area<T: Clone + HasFingerprint>(
             Ok(names) => names,
             Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
             Err(e) => {
+                stats.dirty = true;
                 area.problem = Some(format!("cannot list: {e}"));
                 return Ok(area);
             }
@@ -307,20 +337,23 @@ fn refresh_area<T: Clone + HasFingerprint>(
         cache.stamp = Some((dir_stamp, now));
         // Objects that left the listing leave the cache.
         let names = &cache.names;
+        let before = cache.objects.len();
         cache
             .objects
             .retain(|id, _| names.binary_search(id).is_ok());
+        stats.dirty |= cache.objects.len() != before;
     }
 
     for name in &cache.names {
         let st = match dir.lstat(name) {
             Ok(st) => st,
             Err(EntryError::Missing) => {
-                cache.objects.remove(name);
+                stats.dirty |= cache.objects.remove(name).is_some();
                 continue;
             }
             Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
             Err(e) => {
+                stats.dirty = true;
                 area.objects
                     .insert(name.clone(), Err(format!("{path}/{name}: {e}")));
                 continue;
@@ -329,7 +362,7 @@ fn refresh_area<T: Clone + HasFingerprint>(
         let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
         if kind != SFlag::S_IFDIR && kind != SFlag::S_IFLNK {
             // Garbage named like an id: never an object (as a full scan skips it).
-            cache.objects.remove(name);
+            stats.dirty |= cache.objects.remove(name).is_some();
             continue;
         }
         let stamp = stamp_of(&st);
@@ -351,7 +384,7 @@ fn refresh_area<T: Clone + HasFingerprint>(
             let probed = match dir.subdir(name) {
                 Ok(object) => probe(&object, name, prev.as_ref()),
                 Err(EntryError::Missing) => {
-                    cache.objects.remove(name);
+                    stats.dirty |= cache.objects.remove(name).is_some();
                     continue;
                 }
                 Err(e) if is_remote_failure(&e) => {
@@ -359,6 +392,11 @@ fn refresh_area<T: Clone + HasFingerprint>(
                 }
                 Err(e) => Err(format!("{path}/{name}: {e}")),
             };
+            let same_failure = match (cache.objects.get(name).map(|s| &s.probed), &probed) {
+                (Some(Err(old)), Err(new)) => old == new,
+                _ => false,
+            };
+            stats.dirty |= !same_failure;
             cache.objects.insert(
                 name.clone(),
                 Seen {

@@ -867,13 +867,18 @@ fn an_unchanged_tree_is_not_read_again() {
         ScanStats {
             listed: 0,
             probed: 0,
-            reused: 7
+            reused: 7,
+            dirty: false,
         }
     );
     assert_eq!(
         first.image_fingerprint(&id(IMAGE)),
         again.image_fingerprint(&id(IMAGE))
     );
+    assert!(s.scan_if_changed(false).unwrap().is_none());
+    assert!(s.scan_if_changed(true).unwrap().is_some());
+    tree.image(0xa2, TOP);
+    assert!(s.scan_if_changed(false).unwrap().is_some());
 }
 
 #[test]

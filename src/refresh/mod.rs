@@ -109,12 +109,14 @@ pub struct MountInfo {
 
 /// Something that scans the remote: the incremental [`Scanner`], or a stand-in in tests.
 pub trait Source: Send + 'static {
-    fn scan(&mut self) -> Result<LayoutIndex, String>;
+    /// The new index, or `None` when nothing changed since the last one returned (only
+    /// allowed when `force` is false).
+    fn scan(&mut self, force: bool) -> Result<Option<LayoutIndex>, String>;
 }
 
 impl Source for Scanner {
-    fn scan(&mut self) -> Result<LayoutIndex, String> {
-        let result = Scanner::scan(self).map_err(|e| e.0);
+    fn scan(&mut self, force: bool) -> Result<Option<LayoutIndex>, String> {
+        let result = Scanner::scan_if_changed(self, force).map_err(|e| e.0);
         let stats = self.stats();
         debug!(
             listed = stats.listed,
@@ -256,7 +258,7 @@ enum Slot {
     },
 }
 
-type ScanDone = (Box<dyn Source>, Result<LayoutIndex, String>);
+type ScanDone = (Box<dyn Source>, Result<Option<LayoutIndex>, String>);
 
 /// The refresh engine: owns the scan source and runs rounds. Built before the mount (its
 /// first round gives the view its index), then moved onto its own thread by [`start`].
@@ -275,6 +277,9 @@ pub struct Refresher {
     reasons: BTreeMap<(Kind, String), String>,
     /// Whether the empty index stands in for a failed remote (`hide_unhealthy`).
     hidden: bool,
+    /// The next scan must yield an index even if nothing changed (first round, after a
+    /// failure).
+    force: bool,
     watcher: Option<watch::Watcher>,
 }
 
@@ -316,6 +321,7 @@ impl Refresher {
             remote,
             reasons: BTreeMap::new(),
             hidden: false,
+            force: true,
             watcher: None,
         }
     }
@@ -387,7 +393,12 @@ impl Refresher {
         let clock = Instant::now();
         let scanned = self.scan();
         let (diff, error) = match scanned {
-            Ok(index) => {
+            Ok(None) => {
+                self.set_health(true, None);
+                (Diff::default(), None)
+            }
+            Ok(Some(index)) => {
+                self.force = false;
                 self.set_health(true, None);
                 self.view.set_remote_available(true);
                 let reanchored = self.view.reanchor_remote(&self.remote);
@@ -410,6 +421,7 @@ impl Refresher {
                 (diff, None)
             }
             Err(error) => {
+                self.force = true;
                 self.set_health(false, Some(error.clone()));
                 self.view.set_remote_available(false);
                 let mut diff = Diff::default();
@@ -477,7 +489,7 @@ impl Refresher {
     }
 
     /// Runs the scan on a disposable thread, waiting at most the scan timeout.
-    fn scan(&mut self) -> Result<LayoutIndex, String> {
+    fn scan(&mut self) -> Result<Option<LayoutIndex>, String> {
         let source = match self.slot.take() {
             Some(Slot::Idle(source)) => source,
             Some(Slot::Busy { rx, since }) => match rx.try_recv() {
@@ -496,12 +508,13 @@ impl Refresher {
             },
             None => return Err("no scanner (an earlier scan thread could not start)".into()),
         };
+        let force = self.force;
         let (tx, rx) = bounded::<ScanDone>(1);
         let worker = std::thread::Builder::new()
             .name("refresh-scan".into())
             .spawn(move || {
                 let mut source = source;
-                let result = catch_unwind(AssertUnwindSafe(|| source.scan()))
+                let result = catch_unwind(AssertUnwindSafe(|| source.scan(force)))
                     .unwrap_or_else(|_| Err("the scan panicked".to_owned()));
                 let _ = tx.send((source, result));
             });

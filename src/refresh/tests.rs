@@ -221,9 +221,9 @@ struct Hanging {
 }
 
 impl Source for Hanging {
-    fn scan(&mut self) -> Result<LayoutIndex, String> {
+    fn scan(&mut self, force: bool) -> Result<Option<LayoutIndex>, String> {
         let _ = self.release.recv();
-        Scanner::scan(&mut self.inner).map_err(|e| e.0)
+        Scanner::scan_if_changed(&mut self.inner, force).map_err(|e| e.0)
     }
 }
 
