@@ -175,7 +175,9 @@ fn fuse_config(config: &MountConfig) -> Config {
                 .clone()
                 .unwrap_or_else(|| config.remote.display().to_string()),
         ),
-        MountOption::Subtype("layerfs".into()),
+        // fuser passes its Subtype option to fusermount only; the kernel takes it as data,
+        // and /proc/mounts then says `fuse.layerfs`, which umount(8) and findmnt use.
+        MountOption::CUSTOM("subtype=layerfs".into()),
         MountOption::DefaultPermissions,
     ];
     if config.read_only {

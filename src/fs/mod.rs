@@ -176,6 +176,15 @@ impl Filesystem for LayerFs {
         Ok(())
     }
 
+    fn destroy(&mut self) {
+        // The last request of an unmount: what was written through the view reaches the
+        // disk before the daemon says it is done.
+        match self.view.sync_local() {
+            Ok(()) => info!("local tree synced"),
+            Err(e) => tracing::warn!(error = %e, "syncing the local tree at unmount failed"),
+        }
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.view.lookup(parent.0, name) {
             Ok(entry) => self.reply_entry(reply, &entry),

@@ -399,6 +399,15 @@ impl View {
         store::readlink_at(dir, &cname(&name)?)
     }
 
+    /// Writes everything of local's filesystem to disk (the mount is going away).
+    pub fn sync_local(&self) -> Result<(), Errno> {
+        let fd = store::reopen(
+            self.local_root.as_fd(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        )?;
+        Errno::result(unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&fd)) }).map(drop)
+    }
+
     pub fn statfs(&self) -> Result<nix::sys::statvfs::Statvfs, Errno> {
         nix::sys::statvfs::fstatvfs(self.local_root.as_fd())
     }
