@@ -58,11 +58,16 @@ impl View {
     }
 
     /// Whether requests in a directory of `zone` may ask the remote. Inside a shared object
-    /// they always do (its content exists nowhere else); above the shared areas only while
-    /// the remote answers, so that listing the root or a layout directory does not hang on
-    /// a stalled remote.
+    /// and in the areas listing them (`RO/`, `<driver>-images/`) they always do: the last
+    /// good view stays in place while the remote does not answer, and these entries are the
+    /// only way into content that exists nowhere else. Above them (the root and the driver
+    /// homes, whose entries the layout gives anyway) only while the remote answers, so that
+    /// listing them does not wait on a stalled remote.
     pub fn remote_reachable(&self, zone: Zone) -> bool {
-        zone == Zone::Shared || self.remote_available.load(Ordering::Relaxed)
+        matches!(
+            zone,
+            Zone::Shared | Zone::DriverRo | Zone::LayersRo | Zone::Images
+        ) || self.remote_available.load(Ordering::Relaxed)
     }
 
     /// Marks the remote as answering or not (set by refresh rounds).
