@@ -82,9 +82,10 @@ pub fn query_at(mountpoint: &Path, socket: &Path, op: Op) -> Result<Value, Clien
         .set_read_timeout(Some(ANSWER_TIMEOUT))
         .and_then(|()| stream.set_write_timeout(Some(ANSWER_TIMEOUT)))
         .map_err(io_err)?;
-    stream
-        .write_all(&protocol::request_line(op))
-        .map_err(io_err)?;
+    // A server that refuses the caller answers and hangs up at once, maybe before the
+    // request is written: the answer is still there to read, so a failed write is only
+    // reported when no answer comes.
+    let sent = stream.write_all(&protocol::request_line(op));
     let mut line = Vec::new();
     BufReader::new(&stream)
         .take(MAX_ANSWER)
@@ -101,6 +102,7 @@ pub fn query_at(mountpoint: &Path, socket: &Path, op: Op) -> Result<Value, Clien
         reason,
     };
     if line.is_empty() {
+        sent.map_err(io_err)?;
         return Err(bad("the connection closed without an answer".into()));
     }
     let mut answer: Value = serde_json::from_slice(&line).map_err(|e| bad(e.to_string()))?;

@@ -83,14 +83,11 @@ impl Fingerprint {
     /// Whether the metadata files differ: the "changed" of a refresh. Directory stamps are
     /// left out (see [`Part::is_dir`]).
     pub fn files_differ(&self, other: &Fingerprint) -> bool {
-        let files = |f: &Fingerprint| {
-            f.parts
-                .iter()
-                .filter(|(p, _)| !p.is_dir())
-                .copied()
-                .collect::<Vec<_>>()
-        };
-        files(self) != files(other)
+        !self
+            .parts
+            .iter()
+            .filter(|(p, _)| !p.is_dir())
+            .eq(other.parts.iter().filter(|(p, _)| !p.is_dir()))
     }
 }
 

@@ -1,37 +1,58 @@
 //! Scanning the same remote tree again and again, reading only what changed.
 //!
 //! A [`Scanner`] remembers, per area and per object directory, the stamp it saw and what the
-//! directory yielded. The next scan then costs one `fstat` per area and one `lstat` per
-//! object directory when nothing changed:
+//! directory yielded, and reads again only what may have changed.
 //!
-//! - an area whose directory stamp (inode, mtime, ctime) is unchanged is not listed again:
-//!   adding, removing or renaming an object changes it;
-//! - an object that was fine last time and whose directory stamp is unchanged is not probed
-//!   again: iSulad writes every metadata file through a temporary file and `rename(2)`,
-//!   which changes the directory's mtime and ctime;
-//! - the one file written in place, the tar-split, is covered by the rotation below and by
-//!   the tar-split stamp: a stream once found complete is not decoded again while its stamp
-//!   holds;
-//! - every `full_check_every` scans (in rotation, a slice of the objects each scan) the
-//!   stamps of an object's metadata files are compared as well, so an in-place edit that
-//!   leaves the directory alone is still noticed, just later;
-//! - an object that was *not* fine last time is probed again on every scan: it is usually a
-//!   pull in progress, and its readiness is what the next round must find out.
+//! # What one scan looks at
 //!
-//! Timestamps have a granularity: a directory changed twice within one tick of the clock
-//! keeps its mtime. A stamp is therefore only trusted once it is [`RACY_MARGIN`] older than
-//! the moment it was read; until then the directory is read again (as git does with its
-//! "racily clean" index entries).
+//! With `E` = `full_check_every` (16 by default; a mount scans every 5 s):
 //!
-//! The cross-object rules (chains, image to top layer) are cheap and in memory, so they are
-//! recomputed in full every scan from the cached facts.
+//! | what | looked at | how |
+//! |---|---|---|
+//! | each area dir (`<driver>/RO`, `<driver>-layers/RO`, `<driver>-images`) | every scan | `fstat`; listed again only when its stamp moved |
+//! | every object dir of an area that was listed again | that scan | `lstat` |
+//! | every image dir | every scan | `lstat` |
+//! | a layer dir (either area) not ready, never probed, or not settled | every scan | `lstat` |
+//! | any other layer dir | one scan in `E` (a rotation slice) | `lstat` |
+//! | an object's metadata files | one scan in `E`, same slice | `lstat` each |
+//! | an object's files, read and parsed | when any stamp above moved, or it was not ready | full probe |
+//!
+//! An idle scan of 10 000 layers and 1 000 images thus costs 6 `fstat`s, 1 000 `lstat`s of
+//! image dirs and about 1/16 of the layer dirs and their files.
+//!
+//! # Why that is enough, and how late each change is seen
+//!
+//! - **Object added, removed or renamed** (a pull, a `rmi`): the area dir's mtime moves, so
+//!   the next scan lists it and looks at every object in it; seen **next scan**. Looking at
+//!   every object then also catches a dir deleted and created again under the same name.
+//! - **Image re-tagged**: iSulad rewrites `images.json` through a temporary file and
+//!   `rename(2)` into the image dir, which moves the image dir's stamp but not the area's;
+//!   image dirs are looked at every scan, so seen **next scan**.
+//! - **Layer or image not ready yet** (a pull in progress): probed every scan, so it becomes
+//!   ready the **next scan** after the writer finishes.
+//! - **Freshly written objects**: timestamps have a granularity, and a directory changed
+//!   twice within one tick keeps its mtime. A stamp is only trusted once it is
+//!   [`RACY_MARGIN`] older than the moment it was read (as git does with its "racily clean"
+//!   index entries); until then the object is probed every scan. The same holds for an area
+//!   listing.
+//! - **A ready layer's metadata changed** (a file renamed into its dir, which moves only that
+//!   dir's stamp): iSulad never does this, a layer is immutable once complete; seen within
+//!   **`E` scans** (80 s with the defaults) by the rotation.
+//! - **A file edited in place** (no rename, the dir's stamp does not move; the tar-split is
+//!   the one file iSulad writes in place, and only before the layer is complete): seen within
+//!   **`E` scans** by the file stamps of the rotation. A tar-split once found complete is not
+//!   decoded again while its stamp holds.
+//!
+//! A scan that finds nothing new (no object added, gone, or probed with a different
+//! outcome) says so ([`ScanStats::dirty`] false), and the caller skips the readiness rules,
+//! the diff and the swap. Otherwise the cross-object rules (chains, image to top layer) run
+//! over the cached facts, borrowed rather than copied.
 //!
 //! A scan fails as a whole, instead of yielding an empty index, when the remote root cannot
 //! be opened or an area fails with an error that says the remote itself is in trouble
 //! (`EIO`, `ENOTCONN`, `ESTALE`, a network error): the caller keeps what it had.
 
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -40,8 +61,8 @@ use nix::sys::stat::{FileStat, SFlag};
 use super::fingerprint::{Fingerprint, Part, Stamp};
 use super::isulad;
 use super::nofollow::{self, DirHandle, EntryError};
-use super::readiness;
-use super::scan::{self, Area, Facts, Probe, Probed};
+use super::readiness::{self, AreaRef, FactsRef};
+use super::scan::{self, Probe, Probed};
 use super::{is_driver_name, LayoutIndex};
 
 /// How much older than the moment it was read a stamp must be before it is trusted.
@@ -79,18 +100,47 @@ struct Seen<T> {
 #[derive(Debug)]
 struct AreaCache<T> {
     stamp: Option<(Stamp, SystemTime)>,
-    names: Vec<String>,
-    objects: BTreeMap<String, Seen<T>>,
+    /// The id-named entries of the last listing, sorted by name: one vector rather than a
+    /// map, walked in order every scan without a lookup per object.
+    entries: Vec<Entry<T>>,
+    /// Entries that could not be looked at in the last scan, with the reason.
+    errors: BTreeMap<String, String>,
+    /// Why the area itself could not be read in the last scan.
+    problem: Option<String>,
 }
 
 impl<T> Default for AreaCache<T> {
     fn default() -> Self {
         AreaCache {
             stamp: None,
-            names: Vec::new(),
-            objects: BTreeMap::new(),
+            entries: Vec::new(),
+            errors: BTreeMap::new(),
+            problem: None,
         }
     }
+}
+
+/// One id-named entry of an area listing.
+#[derive(Debug)]
+struct Entry<T> {
+    name: Box<str>,
+    /// Which slice of the rotation the entry is in (a hash of its name).
+    slot: u32,
+    /// `None` until probed, and for an entry that is not an object directory.
+    seen: Option<Seen<T>>,
+}
+
+/// Which object directories of an area are looked at (`lstat`) in a scan whose listing of
+/// the area is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AreaPolicy {
+    /// Every one: images are re-tagged in place (`images.json` renamed into the image
+    /// directory), which moves the image directory's stamp but not the area's.
+    StatEveryObject,
+    /// Only those not ready or not settled last time, and the scan's rotation slice: a
+    /// layer is immutable once complete, so a change to a ready one is an anomaly that may
+    /// be noticed a few scans late.
+    StatInRotation,
 }
 
 /// Scans one remote root for one graph driver, incrementally (see the module docs).
@@ -114,7 +164,7 @@ impl Scanner {
         Scanner {
             root: root.to_owned(),
             driver: driver.to_owned(),
-            full_check_every: 8,
+            full_check_every: 16,
             racy_margin: RACY_MARGIN,
             scans: 0,
             overlay: AreaCache::default(),
@@ -131,76 +181,95 @@ impl Scanner {
 
     /// Like [`scan`](Self::scan), but `Ok(None)` when nothing differs from the previous
     /// scan, so the caller keeps the index it has and skips the readiness rules, the diff
-    /// and the swap: what makes an idle round cost little more than one `lstat` per object.
+    /// and the swap: what makes an idle round cost little more than the `lstat`s above.
     /// `force` asks for an index regardless (the caller no longer has the last one).
     pub fn scan_if_changed(&mut self, force: bool) -> Result<Option<LayoutIndex>, ScanFailure> {
         let first = self.scans == 0;
-        let index = self.scan_facts()?;
+        let valid = self.refresh()?;
         if !force && !first && !self.stats.dirty {
             return Ok(None);
         }
-        Ok(Some(index.map_or_else(
-            || LayoutIndex::invalid_driver(&self.driver),
-            |facts| readiness::resolve(facts, &self.driver),
-        )))
+        Ok(Some(self.index(valid)))
     }
 
     /// Scans the shared areas, reusing what has not changed since the previous scan.
     pub fn scan(&mut self) -> Result<LayoutIndex, ScanFailure> {
-        Ok(match self.scan_facts()? {
-            Some(facts) => readiness::resolve(facts, &self.driver),
-            None => LayoutIndex::invalid_driver(&self.driver),
-        })
+        let valid = self.refresh()?;
+        Ok(self.index(valid))
     }
 
-    /// Brings the caches up to date; `None` for a driver name that is not one.
-    fn scan_facts(&mut self) -> Result<Option<Facts>, ScanFailure> {
+    /// The index of what the caches hold now.
+    fn index(&self, valid_driver: bool) -> LayoutIndex {
+        if !valid_driver {
+            return LayoutIndex::invalid_driver(&self.driver);
+        }
+        let (overlay_dir, layers_dir, images_dir) = self.area_dirs();
+        let paths = [
+            format!("{overlay_dir}/RO"),
+            format!("{layers_dir}/RO"),
+            images_dir,
+        ];
+        let facts = FactsRef {
+            overlay: area_facts(&paths[0], &self.overlay),
+            layers: area_facts(&paths[1], &self.layers),
+            images: area_facts(&paths[2], &self.images),
+        };
+        readiness::resolve(facts, &self.driver)
+    }
+
+    fn area_dirs(&self) -> (String, String, String) {
+        (
+            self.driver.clone(),
+            format!("{}-layers", self.driver),
+            format!("{}-images", self.driver),
+        )
+    }
+
+    /// Brings the caches up to date; `false` for a driver name that is not one.
+    fn refresh(&mut self) -> Result<bool, ScanFailure> {
         if !is_driver_name(&self.driver) {
             self.scans = self.scans.wrapping_add(1);
-            return Ok(None);
+            return Ok(false);
         }
         self.stats = ScanStats::default();
         self.scans = self.scans.wrapping_add(1);
         let root = DirHandle::open_root(&self.root)
             .map_err(|e| ScanFailure(format!("remote root {}: {e}", self.root.display())))?;
-        let layers_dir = format!("{}-layers", self.driver);
-        let images_dir = format!("{}-images", self.driver);
-        let driver = self.driver.clone();
+        let (overlay_dir, layers_dir, images_dir) = self.area_dirs();
         let slice = Slice {
             scan: self.scans,
             every: self.full_check_every.max(1),
             margin: self.racy_margin,
         };
         let stats = &mut self.stats;
-        let overlay = refresh_area(
+        refresh_area(
             &root,
-            &[&driver, "RO"],
+            &[&overlay_dir, "RO"],
             &mut self.overlay,
             scan::probe_overlay,
+            AreaPolicy::StatInRotation,
             slice,
             stats,
         )?;
-        let layers = refresh_area(
+        refresh_area(
             &root,
             &[&layers_dir, "RO"],
             &mut self.layers,
             scan::probe_layer,
+            AreaPolicy::StatInRotation,
             slice,
             stats,
         )?;
-        let images = refresh_area(
+        refresh_area(
             &root,
             &[&images_dir],
             &mut self.images,
             scan::probe_image,
+            AreaPolicy::StatEveryObject,
             slice,
             stats,
         )?;
-        Ok(Some(Facts {
-            overlay,
-            layers,
-            images,
-        }))
+        Ok(true)
     }
 }
 
@@ -214,14 +283,19 @@ struct Slice {
 }
 
 impl Slice {
-    fn due(self, id: &str) -> bool {
-        if self.every <= 1 {
-            return true;
-        }
-        let mut h = DefaultHasher::new();
-        id.hash(&mut h);
-        h.finish() % u64::from(self.every) == self.scan % u64::from(self.every)
+    fn due(self, slot: u32) -> bool {
+        self.every <= 1
+            || u64::from(slot) % u64::from(self.every) == self.scan % u64::from(self.every)
     }
+}
+
+/// The rotation slot of an object name (FNV-1a; ids are uniform hex, so any mixing spreads
+/// them evenly over the slices).
+fn slot_of(name: &str) -> u32 {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (h ^ (h >> 32)) as u32
 }
 
 /// Errors that say the remote itself is unwell, rather than something about one entry.
@@ -276,34 +350,50 @@ fn same_file(a: &Stamp, b: &Stamp) -> bool {
     a.ino == b.ino && a.size == b.size && a.mtime_ns == b.mtime_ns && a.ctime_ns == b.ctime_ns
 }
 
-/// Brings one area's cache up to date and returns its facts for the readiness rules.
-fn refresh_area<T: Clone + HasFingerprint>(
+/// Brings one area's cache up to date; `Ok(Some(problem))` when the area itself cannot be
+/// read (it then contributes nothing, as in a full scan).
+fn refresh_area<T: HasFingerprint>(
     root: &DirHandle,
     components: &[&str],
     cache: &mut AreaCache<T>,
     probe: Probe<T>,
+    policy: AreaPolicy,
     slice: Slice,
     stats: &mut ScanStats,
-) -> Result<Area<T>, ScanFailure> {
+) -> Result<(), ScanFailure> {
+    let problem = refresh_objects(root, components, cache, probe, policy, slice, stats)?;
+    stats.dirty |= problem.is_some();
+    cache.problem = problem;
+    Ok(())
+}
+
+/// [`refresh_area`] but for the area's own problem, which it returns.
+fn refresh_objects<T: HasFingerprint>(
+    root: &DirHandle,
+    components: &[&str],
+    cache: &mut AreaCache<T>,
+    probe: Probe<T>,
+    policy: AreaPolicy,
+    slice: Slice,
+    stats: &mut ScanStats,
+) -> Result<Option<String>, ScanFailure> {
     let path = components.join("/");
-    let mut area = Area {
-        path: path.clone(),
-        objects: BTreeMap::new(),
-        problem: None,
-    };
+    // Entries that could not even be looked at are re-tried every scan, so they are not
+    // kept from one scan to the next.
+    stats.dirty |= !cache.errors.is_empty();
+    cache.errors.clear();
     let dir = match walk(root, components) {
         Ok(Some(dir)) => dir,
         Ok(None) => {
             stats.dirty |= cache.stamp.is_some();
             *cache = AreaCache::default();
-            return Ok(area);
+            return Ok(None);
         }
         Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
         Err(e) => {
             *cache = AreaCache::default();
             stats.dirty = true;
-            area.problem = Some(format!("{path}: {e}"));
-            return Ok(area);
+            return Ok(Some(format!("{path}: {e}")));
         }
     };
     let now = SystemTime::now();
@@ -311,9 +401,9 @@ fn refresh_area<T: Clone + HasFingerprint>(
         Ok(st) => stamp_of(&st),
         Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
         Err(e) => {
+            *cache = AreaCache::default();
             stats.dirty = true;
-            area.problem = Some(format!("cannot list: {e}"));
-            return Ok(area);
+            return Ok(Some(format!("cannot list: {e}")));
         }
     };
     let listing_valid = cache
@@ -324,93 +414,133 @@ fn refresh_area<T: Clone + HasFingerprint>(
             Ok(names) => names,
             Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
             Err(e) => {
+                *cache = AreaCache::default();
                 stats.dirty = true;
-                area.problem = Some(format!("cannot list: {e}"));
-                return Ok(area);
+                return Ok(Some(format!("cannot list: {e}")));
             }
         };
         stats.listed += 1;
-        cache.names = names
-            .into_iter()
-            .filter(|n| isulad::is_object_id(n))
-            .collect();
         cache.stamp = Some((dir_stamp, now));
-        // Objects that left the listing leave the cache.
-        let names = &cache.names;
-        let before = cache.objects.len();
-        cache
-            .objects
-            .retain(|id, _| names.binary_search(id).is_ok());
-        stats.dirty |= cache.objects.len() != before;
+        // Both sorted: the entries that stay keep what was seen of them, and objects that
+        // left the listing leave the cache.
+        let mut old = std::mem::take(&mut cache.entries).into_iter().peekable();
+        let mut entries = Vec::with_capacity(names.len());
+        for name in names.into_iter().filter(|n| isulad::is_object_id(n)) {
+            let mut seen = None;
+            while let Some(entry) = old.next_if(|e| *e.name <= *name) {
+                if *entry.name == *name {
+                    seen = entry.seen;
+                } else {
+                    stats.dirty |= entry.seen.is_some();
+                }
+            }
+            entries.push(Entry {
+                slot: slot_of(&name),
+                name: name.into_boxed_str(),
+                seen,
+            });
+        }
+        stats.dirty |= old.any(|e| e.seen.is_some());
+        cache.entries = entries;
     }
+    // A listing that moved may hide an object deleted and created again under the same
+    // name since the last scan: every object of the area is looked at once more.
+    let look_at_all = !listing_valid || policy == AreaPolicy::StatEveryObject;
 
-    for name in &cache.names {
+    for entry in &mut cache.entries {
+        let name: &str = &entry.name;
+        let due = slice.due(entry.slot);
+        if !look_at_all && !due {
+            let trusted = entry.seen.as_ref().is_some_and(|seen| {
+                seen.probed.is_ok() && settled(&seen.stamp, seen.read_at, slice.margin)
+            });
+            if trusted {
+                stats.reused += 1;
+                continue;
+            }
+        }
         let st = match dir.lstat(name) {
             Ok(st) => st,
             Err(EntryError::Missing) => {
-                stats.dirty |= cache.objects.remove(name).is_some();
+                stats.dirty |= entry.seen.take().is_some();
                 continue;
             }
             Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
             Err(e) => {
                 stats.dirty = true;
-                area.objects
-                    .insert(name.clone(), Err(format!("{path}/{name}: {e}")));
+                entry.seen = None;
+                cache
+                    .errors
+                    .insert(name.to_owned(), format!("{path}/{name}: {e}"));
                 continue;
             }
         };
         let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
         if kind != SFlag::S_IFDIR && kind != SFlag::S_IFLNK {
             // Garbage named like an id: never an object (as a full scan skips it).
-            stats.dirty |= cache.objects.remove(name).is_some();
+            stats.dirty |= entry.seen.take().is_some();
             continue;
         }
         let stamp = stamp_of(&st);
-        let reusable = cache.objects.get(name).is_some_and(|seen| {
+        let reusable = entry.seen.as_ref().is_some_and(|seen| {
             seen.probed.is_ok()
                 && seen.stamp == stamp
                 && settled(&seen.stamp, seen.read_at, slice.margin)
-                && (!slice.due(name) || files_unchanged(&dir, name, seen))
+                && (!due || files_unchanged(&dir, name, seen))
         });
         if reusable {
             stats.reused += 1;
-        } else {
-            stats.probed += 1;
-            let prev = cache
-                .objects
-                .get(name)
-                .and_then(|s| s.probed.as_ref().ok())
-                .map(|f| f.fingerprint().clone());
-            let probed = match dir.subdir(name) {
-                Ok(object) => probe(&object, name, prev.as_ref()),
-                Err(EntryError::Missing) => {
-                    stats.dirty |= cache.objects.remove(name).is_some();
-                    continue;
-                }
-                Err(e) if is_remote_failure(&e) => {
-                    return Err(ScanFailure(format!("{path}/{name}: {e}")))
-                }
-                Err(e) => Err(format!("{path}/{name}: {e}")),
-            };
-            let same_failure = match (cache.objects.get(name).map(|s| &s.probed), &probed) {
-                (Some(Err(old)), Err(new)) => old == new,
-                _ => false,
-            };
-            stats.dirty |= !same_failure;
-            cache.objects.insert(
-                name.clone(),
-                Seen {
-                    stamp,
-                    read_at: now,
-                    probed,
-                },
-            );
+            continue;
         }
-        if let Some(seen) = cache.objects.get(name) {
-            area.objects.insert(name.clone(), seen.probed.clone());
-        }
+        stats.probed += 1;
+        let prev = entry.seen.as_ref().and_then(|s| s.probed.as_ref().ok());
+        let probed = match dir.subdir(name) {
+            Ok(object) => probe(&object, name, prev.map(|f| f.fingerprint())),
+            Err(EntryError::Missing) => {
+                stats.dirty |= entry.seen.take().is_some();
+                continue;
+            }
+            Err(e) if is_remote_failure(&e) => {
+                return Err(ScanFailure(format!("{path}/{name}: {e}")))
+            }
+            Err(e) => Err(format!("{path}/{name}: {e}")),
+        };
+        // Read again with the same outcome (a stamp not yet settled, a pull still in
+        // progress): nothing for the readiness rules. Equal fingerprints mean equal facts,
+        // since they carry the directory's stamp and a hash of every file the facts come from.
+        let same_outcome = match (entry.seen.as_ref().map(|s| &s.probed), &probed) {
+            (Some(Err(old)), Err(new)) => old == new,
+            (Some(Ok(old)), Ok(new)) => old.fingerprint() == new.fingerprint(),
+            _ => false,
+        };
+        stats.dirty |= !same_outcome;
+        entry.seen = Some(Seen {
+            stamp,
+            read_at: now,
+            probed,
+        });
     }
-    Ok(area)
+    Ok(None)
+}
+
+/// The facts of one area for the readiness rules, borrowed from its cache.
+fn area_facts<'a, T>(path: &'a str, cache: &'a AreaCache<T>) -> AreaRef<'a, T> {
+    let mut objects: BTreeMap<&str, Result<&T, &str>> = cache
+        .entries
+        .iter()
+        .filter_map(|e| {
+            let probed = e.seen.as_ref()?.probed.as_ref();
+            Some((&*e.name, probed.map_err(String::as_str)))
+        })
+        .collect();
+    for (id, error) in &cache.errors {
+        objects.insert(id, Err(error));
+    }
+    AreaRef {
+        path,
+        objects,
+        problem: cache.problem.as_deref(),
+    }
 }
 
 /// Opens an area one component at a time, never through a symlink; `Ok(None)` when absent.

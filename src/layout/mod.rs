@@ -129,7 +129,8 @@ impl LayoutIndex {
     /// not-ready object is logged at info level.
     pub fn scan(remote_root: &Path, driver: &str) -> LayoutIndex {
         let index = if is_driver_name(driver) {
-            readiness::resolve(scan::collect(remote_root, driver), driver)
+            let facts = scan::collect(remote_root, driver);
+            readiness::resolve(readiness::FactsRef::of(&facts), driver)
         } else {
             LayoutIndex::invalid_driver(driver)
         };
@@ -186,6 +187,17 @@ impl LayoutIndex {
     /// Objects and areas that are not ready, sorted by kind then name.
     pub fn not_ready(&self) -> &[NotReady] {
         &self.not_ready
+    }
+
+    /// Ready layers in id order, each with its fingerprint: for walking two indexes side
+    /// by side without a lookup per layer.
+    pub fn layers_with_fingerprints(&self) -> impl Iterator<Item = (&Layer, &Fingerprint)> {
+        self.layers.values().map(|r| (&r.value, &r.fingerprint))
+    }
+
+    /// Ready images in id order, each with its fingerprint.
+    pub fn images_with_fingerprints(&self) -> impl Iterator<Item = (&Image, &Fingerprint)> {
+        self.images.values().map(|r| (&r.value, &r.fingerprint))
     }
 
     /// The fingerprint of a ready layer's two directories and their files.

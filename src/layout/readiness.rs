@@ -5,15 +5,62 @@
 //! other, and its parent is ready. The walk up a chain is iterative and memoized, so a long or
 //! hostile chain costs linear time and no stack, and a cycle is detected rather than followed.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::scan::{Area, Facts, ImageFacts, LayerFacts, OverlayFacts, Probed};
 use super::{Image, Layer, LayoutIndex, NotReady, ObjectKind, Ready, MAX_LOWER_DEPTH};
 
+/// One area's facts, borrowed: the rules read the per-object facts where they are kept (in
+/// a scanner's cache) and copy out only what the index keeps of ready objects.
+pub(crate) struct AreaRef<'a, T> {
+    pub path: &'a str,
+    pub objects: BTreeMap<&'a str, Result<&'a T, &'a str>>,
+    pub problem: Option<&'a str>,
+}
+
+impl<'a, T> AreaRef<'a, T> {
+    pub fn of(area: &'a Area<T>) -> AreaRef<'a, T> {
+        AreaRef {
+            path: &area.path,
+            objects: area
+                .objects
+                .iter()
+                .map(|(id, probed)| (id.as_str(), probed.as_ref().map_err(String::as_str)))
+                .collect(),
+            problem: area.problem.as_deref(),
+        }
+    }
+}
+
+/// Everything one scan found, borrowed.
+pub(crate) struct FactsRef<'a> {
+    pub overlay: AreaRef<'a, OverlayFacts>,
+    pub layers: AreaRef<'a, LayerFacts>,
+    pub images: AreaRef<'a, ImageFacts>,
+}
+
+impl<'a> FactsRef<'a> {
+    pub fn of(facts: &'a Facts) -> FactsRef<'a> {
+        FactsRef {
+            overlay: AreaRef::of(&facts.overlay),
+            layers: AreaRef::of(&facts.layers),
+            images: AreaRef::of(&facts.images),
+        }
+    }
+}
+
+/// Verdicts by layer id. Lookups dominate the chain walks, and a hash lookup of a 64-char
+/// id is much cheaper than a dozen string comparisons down a tree.
+type Verdicts<'a> = HashMap<&'a str, Verdict>;
+
+/// Candidates by layer id, for the chain walks.
+type Lookup<'a, 'b> = HashMap<&'a str, &'b Probed<Candidate<'a>>>;
+
 /// A layer whose own directories are fine; whether its chain is remains to be seen.
-struct Candidate {
-    overlay: OverlayFacts,
-    meta: LayerFacts,
+#[derive(Clone, Copy)]
+struct Candidate<'a> {
+    overlay: &'a OverlayFacts,
+    meta: &'a LayerFacts,
 }
 
 /// The outcome for one layer.
@@ -74,13 +121,13 @@ impl Verdict {
 }
 
 /// Turns the scanned facts into the index of ready objects.
-pub(crate) fn resolve(facts: Facts, driver: &str) -> LayoutIndex {
+pub(crate) fn resolve(facts: FactsRef<'_>, driver: &str) -> LayoutIndex {
     let mut not_ready = Vec::new();
     area_problem(&facts.overlay, ObjectKind::Layer, &mut not_ready);
     area_problem(&facts.layers, ObjectKind::Layer, &mut not_ready);
     area_problem(&facts.images, ObjectKind::Image, &mut not_ready);
 
-    let candidates = join_layer_areas(facts.overlay, facts.layers);
+    let candidates = join_layer_areas(&facts.overlay, &facts.layers);
     let candidates = reject_shared_shorts(candidates);
     let verdicts = judge_chains(&candidates);
 
@@ -97,16 +144,15 @@ pub(crate) fn resolve(facts: Facts, driver: &str) -> LayoutIndex {
 
 fn add_layers(
     index: &mut LayoutIndex,
-    candidates: BTreeMap<String, Probed<Candidate>>,
-    verdicts: &BTreeMap<String, Verdict>,
+    candidates: BTreeMap<&str, Probed<Candidate<'_>>>,
+    verdicts: &Verdicts<'_>,
     not_ready: &mut Vec<NotReady>,
 ) {
+    // Collected in id order, so the maps are built in one pass rather than by insertion.
+    let mut ready = Vec::with_capacity(candidates.len());
     for (id, candidate) in candidates {
-        match (verdicts.get(&id), candidate) {
-            (Some(Verdict::Ready { .. }), Ok(c)) => {
-                index.by_short.insert(c.overlay.short.clone(), id.clone());
-                index.layers.insert(id.clone(), ready_layer(id, c));
-            }
+        match (verdicts.get(id), candidate) {
+            (Some(Verdict::Ready { .. }), Ok(c)) => ready.push((id.to_owned(), ready_layer(id, c))),
             (verdict, _) => not_ready.push(NotReady {
                 kind: ObjectKind::Layer,
                 // Every candidate has a verdict, and a failed one is never `Ready`.
@@ -114,19 +160,24 @@ fn add_layers(
                     .and_then(Verdict::reason)
                     .unwrap_or("internal inconsistency in the readiness check")
                     .to_owned(),
-                name: id,
+                name: id.to_owned(),
             }),
         }
     }
+    index.by_short = ready
+        .iter()
+        .map(|(id, r)| (r.value.short.clone(), id.clone()))
+        .collect();
+    index.layers = ready.into_iter().collect();
 }
 
-fn ready_layer(id: String, c: Candidate) -> Ready<Layer> {
-    let mut fingerprint = c.overlay.fingerprint;
-    fingerprint.extend(c.meta.fingerprint);
+fn ready_layer(id: &str, c: Candidate<'_>) -> Ready<Layer> {
+    let mut fingerprint = c.overlay.fingerprint.clone();
+    fingerprint.extend(c.meta.fingerprint.clone());
     let value = Layer {
-        id,
-        short: c.overlay.short,
-        parent: c.meta.parent,
+        id: id.to_owned(),
+        short: c.overlay.short.clone(),
+        parent: c.meta.parent.clone(),
         mtime: c.overlay.mtime,
     };
     Ready { value, fingerprint }
@@ -134,30 +185,30 @@ fn ready_layer(id: String, c: Candidate) -> Ready<Layer> {
 
 fn add_images(
     index: &mut LayoutIndex,
-    images: Area<ImageFacts>,
-    verdicts: &BTreeMap<String, Verdict>,
+    images: AreaRef<'_, ImageFacts>,
+    verdicts: &Verdicts<'_>,
     not_ready: &mut Vec<NotReady>,
 ) {
     for (id, probed) in images.objects {
-        match judge_image(&id, probed, verdicts) {
+        match judge_image(id, probed, verdicts) {
             Ok(ready) => {
-                index.images.insert(id, ready);
+                index.images.insert(id.to_owned(), ready);
             }
             Err(reason) => not_ready.push(NotReady {
                 kind: ObjectKind::Image,
-                name: id,
+                name: id.to_owned(),
                 reason,
             }),
         }
     }
 }
 
-fn area_problem<T>(area: &Area<T>, kind: ObjectKind, not_ready: &mut Vec<NotReady>) {
-    if let Some(problem) = &area.problem {
+fn area_problem<T>(area: &AreaRef<'_, T>, kind: ObjectKind, not_ready: &mut Vec<NotReady>) {
+    if let Some(problem) = area.problem {
         not_ready.push(NotReady {
             kind,
-            name: area.path.clone(),
-            reason: problem.clone(),
+            name: area.path.to_owned(),
+            reason: problem.to_owned(),
         });
     }
 }
@@ -165,37 +216,45 @@ fn area_problem<T>(area: &Area<T>, kind: ObjectKind, not_ready: &mut Vec<NotRead
 /// Pairs each layer's `<driver>/RO/<id>` facts with its `<driver>-layers/RO/<id>` facts.
 /// Every id seen in either area gets an entry, so a half-created layer is reported, not
 /// silently dropped.
-fn join_layer_areas(
-    overlay: Area<OverlayFacts>,
-    layers: Area<LayerFacts>,
-) -> BTreeMap<String, Probed<Candidate>> {
-    let mut overlay_objects = overlay.objects;
-    let mut meta_objects = layers.objects;
-    let ids: BTreeSet<String> = overlay_objects
-        .keys()
-        .chain(meta_objects.keys())
-        .cloned()
-        .collect();
-    ids.into_iter()
-        .map(|id| {
-            let overlay = overlay_objects
-                .remove(&id)
-                .unwrap_or_else(|| Err(format!("{}/{id}: missing", overlay.path)));
-            let meta = meta_objects
-                .remove(&id)
-                .unwrap_or_else(|| Err(format!("{}/{id}: missing", layers.path)));
-            let candidate = match (overlay, meta) {
-                (Ok(overlay), Ok(meta)) => agree(overlay, meta),
-                (Err(a), Err(b)) => Err(format!("{a}; {b}")),
-                (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
-            };
-            (id, candidate)
-        })
-        .collect()
+fn join_layer_areas<'a>(
+    overlay: &AreaRef<'a, OverlayFacts>,
+    layers: &AreaRef<'a, LayerFacts>,
+) -> BTreeMap<&'a str, Probed<Candidate<'a>>> {
+    // Both areas are in id order: one merging walk pairs them.
+    let mut overlay_objects = overlay.objects.iter().peekable();
+    let mut meta_objects = layers.objects.iter().peekable();
+    let mut joined = Vec::with_capacity(overlay.objects.len().max(layers.objects.len()));
+    loop {
+        let id: &'a str = match (overlay_objects.peek(), meta_objects.peek()) {
+            (None, None) => break,
+            (Some((a, _)), None) => a,
+            (None, Some((b, _))) => b,
+            (Some((a, _)), Some((b, _))) => (**a).min(**b),
+        };
+        let overlay_facts = overlay_objects
+            .next_if(|(k, _)| **k == id)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| format!("{}/{id}: missing", overlay.path));
+        let meta = meta_objects
+            .next_if(|(k, _)| **k == id)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| format!("{}/{id}: missing", layers.path));
+        let candidate = match (overlay_facts, meta) {
+            (Ok(Ok(overlay)), Ok(Ok(meta))) => agree(overlay, meta),
+            (Ok(Err(a)), Ok(Err(b))) => Err(format!("{a}; {b}")),
+            (Err(a), Ok(Err(b))) => Err(format!("{a}; {b}")),
+            (Ok(Err(a)), Err(b)) => Err(format!("{a}; {b}")),
+            (Err(a), Err(b)) => Err(format!("{a}; {b}")),
+            (Ok(Err(e)), Ok(Ok(_))) | (Ok(Ok(_)), Ok(Err(e))) => Err(e.to_owned()),
+            (Err(e), Ok(Ok(_))) | (Ok(Ok(_)), Err(e)) => Err(e),
+        };
+        joined.push((id, candidate));
+    }
+    joined.into_iter().collect()
 }
 
 /// The overlay dir must stack a lower chain exactly when the metadata names a parent.
-fn agree(overlay: OverlayFacts, meta: LayerFacts) -> Probed<Candidate> {
+fn agree<'a>(overlay: &'a OverlayFacts, meta: &'a LayerFacts) -> Probed<Candidate<'a>> {
     match (&meta.parent, &overlay.lower) {
         (Some(parent), None) => Err(format!(
             "lower: missing although layer.json names parent {parent}"
@@ -206,26 +265,25 @@ fn agree(overlay: OverlayFacts, meta: LayerFacts) -> Probed<Candidate> {
 }
 
 /// Two layers claiming the same short id would make `l/<short>` ambiguous: neither is ready.
-fn reject_shared_shorts(
-    candidates: BTreeMap<String, Probed<Candidate>>,
-) -> BTreeMap<String, Probed<Candidate>> {
-    let mut owners: BTreeMap<String, Vec<String>> = BTreeMap::new();
+fn reject_shared_shorts<'a>(
+    candidates: BTreeMap<&'a str, Probed<Candidate<'a>>>,
+) -> BTreeMap<&'a str, Probed<Candidate<'a>>> {
+    let mut owners: HashMap<&'a str, Vec<&'a str>> = HashMap::new();
     for (id, candidate) in &candidates {
         if let Ok(c) = candidate {
-            owners
-                .entry(c.overlay.short.clone())
-                .or_default()
-                .push(id.clone());
+            owners.entry(c.overlay.short.as_str()).or_default().push(id);
         }
     }
     candidates
         .into_iter()
         .map(|(id, candidate)| {
             let candidate = candidate.and_then(|c| {
-                let others: Vec<&str> = owners[&c.overlay.short]
-                    .iter()
+                let others: Vec<&str> = owners
+                    .get(c.overlay.short.as_str())
+                    .into_iter()
+                    .flatten()
                     .filter(|other| **other != id)
-                    .map(String::as_str)
+                    .copied()
                     .collect();
                 if others.is_empty() {
                     Ok(c)
@@ -244,11 +302,12 @@ fn reject_shared_shorts(
 
 /// Decides every layer, walking each chain upwards only as far as the first layer already
 /// decided.
-fn judge_chains(candidates: &BTreeMap<String, Probed<Candidate>>) -> BTreeMap<String, Verdict> {
-    let mut verdicts = BTreeMap::new();
-    for id in candidates.keys() {
+fn judge_chains<'a>(candidates: &BTreeMap<&'a str, Probed<Candidate<'a>>>) -> Verdicts<'a> {
+    let lookup: Lookup<'a, '_> = candidates.iter().map(|(id, c)| (*id, c)).collect();
+    let mut verdicts = Verdicts::with_capacity(candidates.len());
+    for &id in candidates.keys() {
         if !verdicts.contains_key(id) {
-            judge_chain(id, candidates, &mut verdicts);
+            judge_chain(id, &lookup, &mut verdicts);
         }
     }
     verdicts
@@ -257,15 +316,11 @@ fn judge_chains(candidates: &BTreeMap<String, Probed<Candidate>>) -> BTreeMap<St
 /// Walks from `start` towards its base until reaching a layer that is decided or decidable on
 /// its own (missing, failing its own checks, a base layer, or closing a cycle); then decides
 /// the walked path from that end back down to `start`.
-fn judge_chain(
-    start: &str,
-    candidates: &BTreeMap<String, Probed<Candidate>>,
-    verdicts: &mut BTreeMap<String, Verdict>,
-) {
+fn judge_chain<'a>(start: &'a str, candidates: &Lookup<'a, '_>, verdicts: &mut Verdicts<'a>) {
     // Undecided layers, each the child of the next; the last one's parent is `current`.
-    let mut path: Vec<&str> = Vec::new();
-    let mut on_path: HashSet<&str> = HashSet::new();
-    let mut current = start;
+    let mut path: Vec<&'a str> = Vec::new();
+    let mut on_path: HashSet<&'a str> = HashSet::new();
+    let mut current: &'a str = start;
     let end = loop {
         if let Some(verdict) = verdicts.get(current) {
             break verdict.clone();
@@ -277,7 +332,7 @@ fn judge_chain(
             let at = path.iter().position(|id| *id == current).unwrap_or(0);
             for id in path.drain(at..) {
                 let reason = format!("parent chain loops back to {current}");
-                verdicts.insert(id.to_owned(), Verdict::own_failure(id, reason));
+                verdicts.insert(id, Verdict::own_failure(id, reason));
             }
             break verdicts
                 .get(current)
@@ -286,7 +341,7 @@ fn judge_chain(
         }
         let verdict = match candidate {
             Err(reason) => Verdict::own_failure(current, reason.clone()),
-            Ok(c) => match &c.meta.parent {
+            Ok(c) => match c.meta.parent.as_deref() {
                 // `agree` made sure a base layer has no `lower`.
                 None => Verdict::Ready { depth: 0 },
                 Some(parent) => {
@@ -297,7 +352,7 @@ fn judge_chain(
                 }
             },
         };
-        verdicts.insert(current.to_owned(), verdict.clone());
+        verdicts.insert(current, verdict.clone());
         break verdict;
     };
 
@@ -308,7 +363,7 @@ fn judge_chain(
             Some(Ok(c)) => judge_link(id, c, parent_id, &parent_verdict, candidates),
             _ => Verdict::own_failure(id, "internal inconsistency in the chain walk".to_owned()),
         };
-        verdicts.insert(id.to_owned(), verdict.clone());
+        verdicts.insert(id, verdict.clone());
         parent_id = id;
         parent_verdict = verdict;
     }
@@ -317,10 +372,10 @@ fn judge_chain(
 /// Decides a layer whose own checks passed, given its parent's verdict.
 fn judge_link(
     id: &str,
-    candidate: &Candidate,
+    candidate: &Candidate<'_>,
     parent_id: &str,
     parent_verdict: &Verdict,
-    candidates: &BTreeMap<String, Probed<Candidate>>,
+    candidates: &Lookup<'_, '_>,
 ) -> Verdict {
     let depth = match parent_verdict {
         Verdict::Ready { depth } => depth + 1,
@@ -349,7 +404,7 @@ fn judge_link(
 /// `lower` must be exactly what the writer derives from the chain: the parent's short id,
 /// then the parent's own `lower`. Anything else would make a mount stack layers that the
 /// metadata does not describe, so it is stricter than "every entry resolves".
-fn check_lower(child: &Candidate, parent: &Candidate) -> Result<(), String> {
+fn check_lower(child: &Candidate<'_>, parent: &Candidate<'_>) -> Result<(), String> {
     let lower = child.overlay.lower.as_deref().unwrap_or_default();
     let expected =
         std::iter::once(&parent.overlay.short).chain(parent.overlay.lower.iter().flatten());
@@ -387,23 +442,23 @@ fn check_lower(child: &Candidate, parent: &Candidate) -> Result<(), String> {
 /// Decides an image from its own facts and its top layer's verdict.
 fn judge_image(
     id: &str,
-    probed: Probed<ImageFacts>,
-    verdicts: &BTreeMap<String, Verdict>,
+    probed: Result<&ImageFacts, &str>,
+    verdicts: &Verdicts<'_>,
 ) -> Result<Ready<Image>, String> {
-    let facts = probed?;
+    let facts = probed.map_err(str::to_owned)?;
     let missing = Verdict::missing(&facts.top_layer);
-    let verdict = verdicts.get(&facts.top_layer).unwrap_or(&missing);
+    let verdict = verdicts.get(facts.top_layer.as_str()).unwrap_or(&missing);
     if let Some(dependent) = verdict.for_dependent("top layer", &facts.top_layer) {
         return Err(dependent.reason().unwrap_or_default().to_owned());
     }
     let image = Image {
         id: id.to_owned(),
-        top_layer: facts.top_layer,
-        names: facts.names,
+        top_layer: facts.top_layer.clone(),
+        names: facts.names.clone(),
         mtime: facts.mtime,
     };
     Ok(Ready {
         value: image,
-        fingerprint: facts.fingerprint,
+        fingerprint: facts.fingerprint.clone(),
     })
 }

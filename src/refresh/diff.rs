@@ -1,7 +1,7 @@
 //! What changed between two indexes, in the two vocabularies a round needs: objects (for the
 //! report) and directory entries of the layout (for the kernel's caches).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::report::{Kind, ObjectRef};
 use crate::layout::{Fingerprint, LayoutIndex, Part};
@@ -58,25 +58,37 @@ impl Diff {
     }
 
     /// Compares `old` (what the kernel may have cached) with `new`.
+    ///
+    /// Both indexes list their objects in id order, so they are walked side by side: the
+    /// cost is one comparison per object, and allocations only for what differs.
     pub fn between(old: &LayoutIndex, new: &LayoutIndex) -> Diff {
         let mut d = Diff::default();
-        let old_layers: BTreeSet<&str> = old.layers().map(|l| l.id.as_str()).collect();
-        let new_layers: BTreeSet<&str> = new.layers().map(|l| l.id.as_str()).collect();
-        for id in old_layers.union(&new_layers) {
-            let id = (*id).to_owned();
-            match (old.layer_fingerprint(&id), new.layer_fingerprint(&id)) {
-                (Some(_), None) => {
-                    d.removed.push(layer(&id));
-                    d.layer_names(&id);
+        // Short ids whose `l/<short>` entry may lead elsewhere now: those of layers added,
+        // removed or changed (a changed `link` changes the fingerprint). A short whose
+        // owner is ready and unchanged in both indexes keeps its entry.
+        let mut shorts: BTreeSet<&str> = BTreeSet::new();
+        for pair in side_by_side(
+            old.layers_with_fingerprints(),
+            new.layers_with_fingerprints(),
+            |(l, _)| l.id.as_str(),
+        ) {
+            match pair {
+                (Some((l, _)), None) => {
+                    let id = &l.id;
+                    d.removed.push(layer(id));
+                    d.layer_names(id);
                     d.relinked.insert((ZoneKey::DriverHome, id.clone()));
                     d.relinked.insert((ZoneKey::LayersHome, id.clone()));
+                    shorts.insert(&l.short);
                 }
-                (None, Some(_)) => {
-                    d.added.push(layer(&id));
-                    d.layer_names(&id);
+                (None, Some((l, _))) => {
+                    d.added.push(layer(&l.id));
+                    d.layer_names(&l.id);
+                    shorts.insert(&l.short);
                 }
-                (Some(a), Some(b)) if differ(a, b) => {
-                    d.changed.push(layer(&id));
+                (Some((o, a)), Some((n, b))) if differ(a, b) => {
+                    let id = &n.id;
+                    d.changed.push(layer(id));
                     if recreated(a, b, &[Part::OverlayDir, Part::LayerDir]) {
                         d.names.insert((ZoneKey::DriverRo, id.clone()));
                         d.names.insert((ZoneKey::LayersRo, id.clone()));
@@ -84,48 +96,44 @@ impl Diff {
                         d.touched.insert((ZoneKey::DriverRo, id.clone()));
                         d.touched.insert((ZoneKey::LayersRo, id.clone()));
                     }
+                    shorts.insert(&o.short);
+                    shorts.insert(&n.short);
                 }
                 _ => {}
             }
         }
 
         // `l/<short>` entries follow the short ids, which a changed `link` moves.
-        let shorts = |index: &LayoutIndex| -> BTreeMap<String, String> {
-            index
-                .layers()
-                .map(|l| (l.short.clone(), l.id.clone()))
-                .collect()
-        };
-        let (old_shorts, new_shorts) = (shorts(old), shorts(new));
-        for short in old_shorts.keys().chain(new_shorts.keys()) {
-            let before = old_shorts.get(short);
-            if before != new_shorts.get(short) {
-                d.names.insert((ZoneKey::Links, short.clone()));
+        for short in shorts {
+            let before = old.layer_by_short(short).map(|l| &l.id);
+            if before != new.layer_by_short(short).map(|l| &l.id) {
+                d.names.insert((ZoneKey::Links, short.to_owned()));
                 if before.is_some() {
-                    d.relinked.insert((ZoneKey::Links, short.clone()));
+                    d.relinked.insert((ZoneKey::Links, short.to_owned()));
                 }
             }
         }
 
-        let old_images: BTreeSet<&str> = old.images().map(|i| i.id.as_str()).collect();
-        let new_images: BTreeSet<&str> = new.images().map(|i| i.id.as_str()).collect();
-        for id in old_images.union(&new_images) {
-            let id = (*id).to_owned();
-            match (old.image_fingerprint(&id), new.image_fingerprint(&id)) {
-                (Some(_), None) => {
-                    d.removed.push(image(&id));
-                    d.names.insert((ZoneKey::Images, id));
+        for pair in side_by_side(
+            old.images_with_fingerprints(),
+            new.images_with_fingerprints(),
+            |(i, _)| i.id.as_str(),
+        ) {
+            match pair {
+                (Some((i, _)), None) => {
+                    d.removed.push(image(&i.id));
+                    d.names.insert((ZoneKey::Images, i.id.clone()));
                 }
-                (None, Some(_)) => {
-                    d.added.push(image(&id));
-                    d.names.insert((ZoneKey::Images, id));
+                (None, Some((i, _))) => {
+                    d.added.push(image(&i.id));
+                    d.names.insert((ZoneKey::Images, i.id.clone()));
                 }
-                (Some(a), Some(b)) if differ(a, b) => {
-                    d.changed.push(image(&id));
+                (Some((_, a)), Some((i, b))) if differ(a, b) => {
+                    d.changed.push(image(&i.id));
                     if recreated(a, b, &[Part::ImageDir]) {
-                        d.names.insert((ZoneKey::Images, id));
+                        d.names.insert((ZoneKey::Images, i.id.clone()));
                     } else {
-                        d.touched.insert((ZoneKey::Images, id));
+                        d.touched.insert((ZoneKey::Images, i.id.clone()));
                     }
                 }
                 _ => {}
@@ -144,6 +152,34 @@ impl Diff {
             self.names.insert((zone, id.to_owned()));
         }
     }
+}
+
+/// Pairs the items of two id-ordered sequences by id: `(Some, None)` for one only in `a`,
+/// `(None, Some)` for one only in `b`, both for one in each.
+fn side_by_side<'a, T: Copy + 'a>(
+    a: impl Iterator<Item = T>,
+    b: impl Iterator<Item = T>,
+    key: impl Fn(&T) -> &'a str + Copy,
+) -> impl Iterator<Item = (Option<T>, Option<T>)> {
+    let mut a = a.peekable();
+    let mut b = b.peekable();
+    std::iter::from_fn(move || {
+        let take_a = match (a.peek(), b.peek()) {
+            (None, None) => return None,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(x), Some(y)) => key(x) <= key(y),
+        };
+        let take_b = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => key(y) <= key(x),
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        Some((
+            if take_a { a.next() } else { None },
+            if take_b { b.next() } else { None },
+        ))
+    })
 }
 
 fn layer(id: &str) -> ObjectRef {

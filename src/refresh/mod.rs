@@ -3,11 +3,14 @@
 //! Writer hosts add, re-tag and remove images in the shared tree at any time. A *round*
 //! brings the view up to date with it:
 //!
-//! 1. **scan** the shared areas, incrementally (`layout::Scanner`): unchanged directories
-//!    are not listed, unchanged objects are not parsed again; readiness is decided afresh
-//!    over the whole set;
+//! 1. **scan** the shared areas, incrementally (`layout::Scanner`, whose module docs list
+//!    what each scan looks at and how late each kind of change is seen): unchanged
+//!    directories are not listed, unchanged objects are not parsed again. A scan that finds
+//!    nothing new ends the round here, so an idle round costs the scan's `stat`s only;
+//!    otherwise readiness is decided afresh over the whole set (from cached facts);
 //! 2. **diff** the new ready sets against the index the kernel was told about: added,
-//!    removed and changed objects ([`diff`]);
+//!    removed and changed objects ([`diff`]), walking both indexes side by side in id
+//!    order;
 //! 3. **swap** the view's index ([`View::swap_index`]): a request sees the old index or
 //!    the new one, never a mixture, since it takes one `Arc` of it for its whole lookup;
 //! 4. **invalidate** exactly the kernel cache entries the diff touches ([`invalidate`]).
