@@ -297,6 +297,12 @@ impl Images {
         self.jobs.take_failure(name)
     }
 
+    /// Whether this node's job for `name` is still running (it may have removed its state
+    /// already while it fails).
+    pub fn job_running(&self, name: &str) -> bool {
+        self.jobs.running(name)
+    }
+
     pub fn in_use(&self, name: &str) -> bool {
         lock(&self.users).get(name).copied().unwrap_or(0) > 0
     }
@@ -549,9 +555,13 @@ impl Images {
                     if let Some(e) = self.take_failure(name) {
                         return Err(e);
                     }
-                    return Err(CsiError::NotFound(format!(
-                        "backing image {name} does not exist"
-                    )));
+                    // A failing job removes what it made before its failure is recorded:
+                    // while it is still running, its word is still to come.
+                    if !self.jobs.running(name) || tokio::time::Instant::now() >= deadline {
+                        return Err(CsiError::NotFound(format!(
+                            "backing image {name} does not exist"
+                        )));
+                    }
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

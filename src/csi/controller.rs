@@ -381,6 +381,13 @@ impl ControllerService {
         if let Some(failure) = images.take_failure(image) {
             return Err(failure);
         }
+        // A job that is failing has removed its state but not yet said why: never start a
+        // second one under the same name meanwhile.
+        if images.job_running(image) {
+            return Err(CsiError::Aborted(format!(
+                "backing image {image} is still being prepared; retry"
+            )));
+        }
         match handle.source_type.as_str() {
             SOURCE_DOWNLOAD => {
                 let raw = handle.params.get(KEY_URL).cloned().unwrap_or_default();
