@@ -308,30 +308,7 @@ pub fn is_mountpoint(path: &Path) -> bool {
     };
     info.lines()
         .filter_map(|line| line.split(' ').nth(4))
-        .any(|mp| Path::new(&unescape_mountinfo(mp)) == path)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+        .any(|mp| Path::new(&crate::store::mountinfo::unescape(mp)) == path)
 }
 
 #[cfg(test)]
@@ -430,8 +407,8 @@ mod tests {
 
     #[test]
     fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert_eq!(crate::store::mountinfo::unescape("/a\\040b"), "/a b");
+        assert_eq!(crate::store::mountinfo::unescape("/plain"), "/plain");
         assert!(is_mountpoint(Path::new("/proc")));
     }
 }

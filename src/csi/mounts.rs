@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::command::{run, run_accepting};
 use super::error::{CsiError, Result};
+use crate::store::mountinfo;
 
 /// The loop device already attached to `disk`, if any.
 pub async fn find_loop(disk: &Path) -> Result<Option<PathBuf>> {
@@ -181,7 +182,7 @@ pub fn is_mounted(target: &Path) -> bool {
     let wanted = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_owned());
     info.lines()
         .filter_map(|line| line.split(' ').nth(4))
-        .map(unescape)
+        .map(mountinfo::unescape)
         .any(|point| Path::new(&point) == wanted || Path::new(&point) == target)
 }
 
@@ -193,32 +194,7 @@ pub fn is_device_mounted(dev: &Path) -> bool {
     info.lines()
         .filter_map(|line| line.split(" - ").nth(1))
         .filter_map(|rest| rest.split(' ').nth(1))
-        .any(|source| Path::new(&unescape(source)) == dev)
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, …).
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            let digits = &bytes[i + 1..i + 4];
-            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let value = digits
-                    .iter()
-                    .fold(0u16, |acc, d| acc * 8 + u16::from(d - b'0'));
-                if let Ok(v) = u8::try_from(value) {
-                    out.push(v);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+        .any(|source| Path::new(&mountinfo::unescape(source)) == dev)
 }
 
 #[cfg(test)]
@@ -233,12 +209,5 @@ mod tests {
         );
         assert!(p("DEVNAME=/dev/loop0\nPTUUID=x\nPTTYPE=dos\n").is_err());
         assert!(p("DEVNAME=/dev/loop0\nUUID=x\n").is_err());
-    }
-
-    #[test]
-    fn unescapes_mountinfo() {
-        assert_eq!(super::unescape("/a\\040b"), "/a b");
-        assert_eq!(super::unescape("/plain"), "/plain");
-        assert_eq!(super::unescape("/end\\"), "/end\\");
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod copy;
 pub mod dirent;
+pub mod mountinfo;
 pub mod xattr;
 
 use std::ffi::{CStr, CString, OsStr};
