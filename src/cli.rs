@@ -35,6 +35,89 @@ pub enum Command {
     Images(ControlArgs),
     /// Unmount a layerfs mount and wait until its daemon has finished.
     Umount(UmountArgs),
+    /// Set, show, list or clear quotas on directories of a running mount.
+    Quota(QuotaArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct QuotaArgs {
+    #[command(subcommand)]
+    pub command: QuotaCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuotaCommand {
+    /// Limit the allocated space (and optionally the inodes) under a directory.
+    Set(QuotaSetArgs),
+    /// Show a quota root's limit and usage.
+    Get(QuotaPathArgs),
+    /// List a mount's quota roots with their limits and usage.
+    List(ControlArgs),
+    /// Remove a directory's quota; its files stay as they are.
+    Clear(QuotaPathArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = SIZES)]
+pub struct QuotaSetArgs {
+    /// Also limit the number of inodes.
+    #[arg(long, value_name = "N")]
+    pub inodes: Option<u64>,
+    /// A containerd label; `containerd.io/snapshot/max-size=BYTES` gives the limit when SIZE
+    /// is empty or omitted.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Where quotas are not supported (not a layerfs mount), warn and go on without one
+    /// instead of failing.
+    #[arg(long)]
+    pub ignore_failed: bool,
+    /// Create PATH (which must not exist yet) and give it the quota; it is removed again if
+    /// the quota cannot be set.
+    #[arg(long)]
+    pub create: bool,
+    /// Print the quota as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The mount (or a directory inside it) PATH is relative to.
+    pub mountpoint: PathBuf,
+    /// The directory to limit: relative to MOUNTPOINT (`overlay/<id>`) or absolute.
+    pub path: PathBuf,
+    /// The limit; empty or omitted means no quota (unless a max-size label gives one).
+    #[arg(default_value = "", hide_default_value = true)]
+    pub size: String,
+}
+
+impl QuotaSetArgs {
+    /// The `storage` request these arguments make.
+    pub fn storage(&self) -> crate::quota::storage::Storage {
+        crate::quota::storage::Storage {
+            size: self.size.clone(),
+            ignore_failed: self.ignore_failed,
+        }
+    }
+}
+
+/// What `quota set --help` says about sizes.
+const SIZES: &str = "SIZE is bytes (1048576) or a whole number with K, M, G, T or P, optionally \
+followed by i, iB or B; all units are 1024-based (10G = 10Gi = 10GiB = 10GB). 0 allows \
+nothing to be allocated.";
+
+#[derive(Debug, Args)]
+pub struct QuotaPathArgs {
+    /// Print the answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The mount to ask.
+    pub mountpoint: PathBuf,
+    /// The directory: relative to MOUNTPOINT (`overlay/<id>`) or absolute.
+    pub path: PathBuf,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -179,5 +262,113 @@ impl CsiArgs {
             max_image_size: self.max_image_size,
             download_idle_timeout: std::time::Duration::from_secs(self.download_idle_timeout),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("layerfs").chain(args.iter().copied()))
+    }
+
+    fn set(args: &[&str]) -> QuotaSetArgs {
+        let mut all = vec!["quota", "set"];
+        all.extend_from_slice(args);
+        match parse(&all).unwrap().command {
+            Command::Quota(QuotaArgs {
+                command: QuotaCommand::Set(a),
+            }) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn quota_set_takes_a_size_and_its_options() {
+        let a = set(&["/mnt", "overlay/c1", "10G"]);
+        assert_eq!(a.mountpoint, Path::new("/mnt"));
+        assert_eq!(a.path, Path::new("overlay/c1"));
+        assert_eq!(a.size, "10G");
+        assert!(!a.ignore_failed && !a.create && !a.json);
+        assert_eq!(a.inodes, None);
+        let a = set(&[
+            "--inodes",
+            "1000",
+            "--label",
+            "containerd.io/snapshot/max-size=4096",
+            "--label",
+            "a=b=c",
+            "--ignore-failed",
+            "--create",
+            "--json",
+            "/mnt",
+            "/mnt/overlay/c1",
+        ]);
+        assert_eq!(a.size, "");
+        assert_eq!(a.inodes, Some(1000));
+        assert_eq!(
+            a.labels,
+            [
+                (
+                    "containerd.io/snapshot/max-size".to_owned(),
+                    "4096".to_owned()
+                ),
+                ("a".to_owned(), "b=c".to_owned())
+            ]
+        );
+        assert!(a.ignore_failed && a.create && a.json);
+        assert_eq!(a.storage().size, "");
+        assert!(a.storage().ignore_failed);
+        // An explicitly empty size is no quota, as an omitted one.
+        assert_eq!(set(&["/mnt", "c", ""]).size, "");
+    }
+
+    #[test]
+    fn quota_arguments_are_checked() {
+        assert!(parse(&["quota", "set", "/mnt"]).is_err());
+        assert!(parse(&["quota", "set", "/mnt", "c", "1G", "extra"]).is_err());
+        assert!(parse(&["quota", "set", "--label", "novalue", "/mnt", "c"]).is_err());
+        assert!(parse(&["quota", "set", "--label", "=v", "/mnt", "c"]).is_err());
+        assert!(parse(&["quota", "set", "--inodes", "-1", "/mnt", "c"]).is_err());
+        assert!(parse(&["quota", "get", "/mnt"]).is_err());
+        assert!(parse(&["quota", "list", "/mnt", "c"]).is_err());
+        assert!(parse(&["quota", "bogus", "/mnt"]).is_err());
+    }
+
+    #[test]
+    fn quota_get_list_clear() {
+        match parse(&["quota", "get", "--json", "/mnt", "overlay/c1"])
+            .unwrap()
+            .command
+        {
+            Command::Quota(QuotaArgs {
+                command: QuotaCommand::Get(a),
+            }) => {
+                assert!(a.json);
+                assert_eq!(a.path, Path::new("overlay/c1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&["quota", "list", "/mnt"]).unwrap().command,
+            Command::Quota(QuotaArgs {
+                command: QuotaCommand::List(_)
+            })
+        ));
+        assert!(matches!(
+            parse(&["quota", "clear", "/mnt", "c"]).unwrap().command,
+            Command::Quota(QuotaArgs {
+                command: QuotaCommand::Clear(_)
+            })
+        ));
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

@@ -37,6 +37,7 @@ mount options (-o a,b=c,...):
   log_file=PATH        where a detached daemon logs [the journal when detached]
   log=LEVEL            error, warn, info, debug, trace, or a RUST_LOG-style filter [info]
   fsname=NAME          the source shown in /proc/mounts [the remote path]
+  quota_errno=ERRNO    what a write over a quota fails with: enospc or edquot [enospc]
   default_permissions  accepted; always on (the kernel checks permissions)";
 
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +66,9 @@ pub struct MountConfig {
     pub scan_timeout: Duration,
     pub hide_unhealthy: bool,
     pub inotify: bool,
+    /// What allocations over a quota fail with: `ENOSPC` (as XFS project quotas and
+    /// block-backed layers do) or `EDQUOT`.
+    pub quota_errno: nix::errno::Errno,
 }
 
 impl Default for MountConfig {
@@ -95,6 +99,7 @@ impl Default for MountConfig {
             refresh: Duration::from_secs(5),
             scan_timeout: Duration::from_secs(30),
             hide_unhealthy: false,
+            quota_errno: nix::errno::Errno::ENOSPC,
             inotify: true,
         }
     }
@@ -172,6 +177,13 @@ impl MountConfig {
                 self.log_level = Some(level);
             }
             ("fsname", v) => self.fsname = Some(need(v)?),
+            ("quota_errno" | "quota-errno", v) => {
+                self.quota_errno = match need(v)?.to_ascii_lowercase().as_str() {
+                    "enospc" => nix::errno::Errno::ENOSPC,
+                    "edquot" => nix::errno::Errno::EDQUOT,
+                    _ => return Err(bad(opt, "must be 'enospc' or 'edquot'")),
+                }
+            }
             (
                 "allow_other"
                 | "allow_root"
@@ -347,6 +359,18 @@ mod tests {
             let err = c.apply_options(opt).unwrap_err().to_string();
             assert!(err.contains(needle), "{opt}: {err}");
         }
+    }
+
+    #[test]
+    fn quota_errno_option() {
+        let mut c = MountConfig::default();
+        assert_eq!(c.quota_errno, nix::errno::Errno::ENOSPC);
+        c.apply_options("quota_errno=EDQUOT").unwrap();
+        assert_eq!(c.quota_errno, nix::errno::Errno::EDQUOT);
+        c.apply_options("quota-errno=enospc").unwrap();
+        assert_eq!(c.quota_errno, nix::errno::Errno::ENOSPC);
+        let err = c.apply_options("quota_errno=eio").unwrap_err().to_string();
+        assert!(err.contains("quota_errno=eio"), "{err}");
     }
 
     #[test]

@@ -26,6 +26,12 @@ pub enum Error {
     },
     #[error("detaching the daemon: {0}")]
     Detach(#[source] std::io::Error),
+    #[error("quotas in {}: {source}", local.display())]
+    Quota {
+        local: PathBuf,
+        #[source]
+        source: crate::view::quota::QuotaError,
+    },
     #[error("opening {}: {source}", path.display())]
     Open {
         path: PathBuf,

@@ -18,6 +18,7 @@ pub mod fs;
 pub mod launch;
 pub mod layout;
 pub mod mount;
+pub mod quota;
 pub mod refresh;
 pub mod store;
 pub mod view;

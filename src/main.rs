@@ -3,8 +3,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::Parser;
-use layerfs::cli::{Cli, Command, ControlArgs};
-use layerfs::control::Op;
+use layerfs::cli::{Cli, Command, ControlArgs, QuotaCommand};
+use layerfs::control::{Op, QuotaSet, Reply};
 use layerfs::MountConfig;
 
 fn main() -> ExitCode {
@@ -28,6 +28,7 @@ fn main() -> ExitCode {
         )
         .map(drop)
         .map_err(anyhow::Error::from),
+        Command::Quota(args) => quota(args.command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -73,8 +74,45 @@ fn mount(config: MountConfig) -> anyhow::Result<()> {
 
 /// `layerfs status|refresh|layers|images`: prints the mount's answer.
 fn control(op: Op, args: ControlArgs) -> anyhow::Result<()> {
+    print(layerfs::control::command(&args.mountpoint, op, args.json)?)
+}
+
+/// `layerfs quota set|get|list|clear`.
+fn quota(command: QuotaCommand) -> anyhow::Result<()> {
+    use layerfs::control;
+    let reply = match command {
+        QuotaCommand::Set(args) => {
+            let set = QuotaSet {
+                path: args.path.clone(),
+                storage: args.storage(),
+                inodes: args.inodes,
+                labels: args.labels.clone(),
+                create: args.create,
+            };
+            control::quota_set(&args.mountpoint, &set, args.json)?
+        }
+        QuotaCommand::Get(args) => {
+            control::quota(&args.mountpoint, Op::QuotaGet, Some(&args.path), args.json)?
+        }
+        QuotaCommand::List(args) => {
+            control::quota(&args.mountpoint, Op::QuotaList, None, args.json)?
+        }
+        QuotaCommand::Clear(args) => control::quota(
+            &args.mountpoint,
+            Op::QuotaClear,
+            Some(&args.path),
+            args.json,
+        )?,
+    };
+    print(reply)
+}
+
+/// Prints a control command's answer, and its note on stderr.
+fn print(reply: Reply) -> anyhow::Result<()> {
     use std::io::Write;
-    let reply = layerfs::control::command(&args.mountpoint, op, args.json)?;
+    if let Some(note) = &reply.note {
+        eprintln!("layerfs: {note}");
+    }
     std::io::stdout()
         .lock()
         .write_all(reply.text.as_bytes())

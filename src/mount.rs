@@ -8,11 +8,13 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use tracing::{info, warn};
 
 use crate::config::MountConfig;
+use crate::control::protocol::{QuotaAnswer, QuotaRequest};
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
 use crate::fs::{LayerFs, Timeouts};
 use crate::layout::{LayoutIndex, Scanner};
-use crate::refresh::report::MountControl;
+use crate::quota::table::Quotas;
+use crate::refresh::report::{ImageInfo, LayerInfo, MountControl, RoundReport, Status};
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
 use crate::view::{open_root, Layout, View};
 
@@ -32,11 +34,20 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     let remote = open(&config.remote)?;
     let local = open(&config.local)?;
     let layout = Layout::new(&config.driver, &config.mountpoint, config.link_style);
-    let view =
+    let mut view =
         View::new(layout, local, remote, LayoutIndex::default()).map_err(|source| Error::Open {
             path: config.local.clone(),
             source,
         })?;
+    view.quotas = Quotas::new(config.quota_errno);
+    // Refusing to mount beats serving without the limits an operator set.
+    let roots = view.load_quotas().map_err(|source| Error::Quota {
+        local: config.local.clone(),
+        source,
+    })?;
+    if roots > 0 {
+        info!(roots, "quota roots loaded, usage counted from local");
+    }
     let view = Arc::new(view);
 
     // The first round gives the view its index before the kernel sees anything, through
@@ -72,7 +83,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         entry: config.entry_timeout,
         attr: config.attr_timeout,
     };
-    let fs = LayerFs::new(view, timeouts, config.passthrough);
+    let fs = LayerFs::new(view.clone(), timeouts, config.passthrough);
 
     let mut session =
         Session::new(fs, &config.mountpoint, &fuse_config(config)).map_err(|source| {
@@ -88,7 +99,10 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
             path: config.mountpoint.clone(),
             source,
         })?;
-    let control: Arc<dyn MountControl> = handle.clone();
+    let control: Arc<dyn MountControl> = Arc::new(Control {
+        refresh: handle.clone(),
+        view: view.clone(),
+    });
     // Lives until the mount ends; dropping it removes the socket. A mount that cannot have
     // its socket (no writable run dir) still serves: the socket is for looking, not for use.
     let socket = crate::control::socket_path(&config.mountpoint);
@@ -134,6 +148,33 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     handle.stop();
     info!(mountpoint = %config.mountpoint.display(), "unmounted");
     Ok(())
+}
+
+/// The control socket's view of the mount: the refresh engine answers for the remote, the
+/// view for quotas.
+struct Control {
+    refresh: Arc<RefreshHandle>,
+    view: Arc<View>,
+}
+
+impl MountControl for Control {
+    fn status(&self) -> Status {
+        let mut status = self.refresh.status();
+        status.quotas = self.view.quota_list();
+        status
+    }
+    fn refresh(&self) -> RoundReport {
+        self.refresh.refresh()
+    }
+    fn layers(&self) -> Vec<LayerInfo> {
+        self.refresh.layers()
+    }
+    fn images(&self) -> Vec<ImageInfo> {
+        self.refresh.images()
+    }
+    fn quota(&self, request: QuotaRequest) -> std::result::Result<QuotaAnswer, String> {
+        self.view.quota_request(request)
+    }
 }
 
 /// `kill -USR1 <daemon>` runs a refresh round now and logs it: handy where the control

@@ -84,6 +84,7 @@ impl MountControl for Fake {
                 last_error: self.failing.then(|| "Stale file handle".to_owned()),
             },
             last_round: Some(report(0, self.failing)),
+            quotas: Vec::new(),
         }
     }
     fn refresh(&self) -> RoundReport {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::protocol::{self, Op};
+use super::protocol::{self, Op, Request};
 
 /// How long to wait for an answer. A refresh waits for a scan, which has its own, shorter
 /// timeout on the daemon's side.
@@ -53,13 +53,24 @@ pub enum ClientError {
 /// Asks the mount at `mountpoint` (as given on the command line) `op`, and returns the
 /// answer's payload.
 pub fn query(mountpoint: &Path, op: Op) -> Result<Value, ClientError> {
+    ask(mountpoint, &Request::new(op))
+}
+
+/// Sends the mount at `mountpoint` a full request, and returns the answer's payload.
+pub fn ask(mountpoint: &Path, request: &Request) -> Result<Value, ClientError> {
     let mountpoint = resolve_mountpoint(mountpoint);
     let socket = super::socket_path(&mountpoint);
-    query_at(&mountpoint, &socket, op)
+    ask_at(&mountpoint, &socket, request)
 }
 
 /// Asks the server on `socket` `op`, on behalf of `mountpoint` (for messages).
 pub fn query_at(mountpoint: &Path, socket: &Path, op: Op) -> Result<Value, ClientError> {
+    ask_at(mountpoint, socket, &Request::new(op))
+}
+
+/// Sends the server on `socket` a full request, on behalf of `mountpoint` (for messages).
+pub fn ask_at(mountpoint: &Path, socket: &Path, request: &Request) -> Result<Value, ClientError> {
+    let op = request.op;
     let io_err = |source: io::Error| ClientError::Io {
         socket: socket.to_owned(),
         source,
@@ -85,7 +96,7 @@ pub fn query_at(mountpoint: &Path, socket: &Path, op: Op) -> Result<Value, Clien
     // A server that refuses the caller answers and hangs up at once, maybe before the
     // request is written: the answer is still there to read, so a failed write is only
     // reported when no answer comes.
-    let sent = stream.write_all(&protocol::request_line(op));
+    let sent = stream.write_all(&protocol::request_line_for(request));
     let mut line = Vec::new();
     BufReader::new(&stream)
         .take(MAX_ANSWER)

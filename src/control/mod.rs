@@ -1,5 +1,5 @@
-//! The control socket: how `layerfs status`, `refresh`, `layers` and `images` talk to a
-//! running mount (DESIGN §9).
+//! The control socket: how `layerfs status`, `refresh`, `layers`, `images` and `quota` talk
+//! to a running mount (DESIGN §9).
 //!
 //! Each mount serves one unix socket. The mount's engine answers through
 //! [`MountControl`](crate::refresh::report::MountControl); this module only carries
@@ -28,7 +28,11 @@
 //!
 //! **Protocol** ([`protocol`]): one JSON object per line each way. `{"op":"status"}` is
 //! answered `{"ok":true,"status":{…}}`; the other ops are `refresh` (→ `round`), `layers`
-//! (→ `layers`) and `images` (→ `images`). A request the server cannot serve is answered
+//! (→ `layers`), `images` (→ `images`), and `quota_set`, `quota_get`, `quota_clear` (→
+//! `quota`, with a `path` relative to the mountpoint) and `quota_list` (→ `quotas`).
+//! `layerfs quota set` does not send `quota_set` directly: it goes through
+//! [`crate::quota::storage`], which decides what a request for a quota means where it is
+//! made. A request the server cannot serve is answered
 //! `{"ok":false,"error":"…"}` and the connection stays usable, except after a request longer
 //! than [`protocol::MAX_REQUEST`], which also closes it.
 
@@ -44,28 +48,50 @@ pub use path::{escape_path, run_dir, socket_path, socket_path_in, DEFAULT_RUN_DI
 pub use protocol::Op;
 pub use server::{serve, ControlServer};
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use protocol::{QuotaInfo, Request};
+
+use crate::quota::size::human;
+use crate::quota::storage::{self, Applied, Storage, StorageError};
 
 /// What a control command prints, and whether it succeeded.
+#[derive(Debug)]
 pub struct Reply {
     /// For stdout: the rendered answer, or its JSON with `--json`.
     pub text: String,
+    /// For stderr, whatever the outcome: a warning, or why nothing was done.
+    pub note: Option<String>,
     /// An error to report after printing the text (a refresh round that failed to scan).
     pub outcome: Result<(), ClientError>,
+}
+
+impl Reply {
+    fn text(text: String) -> Reply {
+        Reply {
+            text,
+            note: None,
+            outcome: Ok(()),
+        }
+    }
 }
 
 /// Runs `layerfs status|refresh|layers|images MOUNTPOINT [--json]`: asks the mount and
 /// renders its answer. An error here means there is nothing to print.
 pub fn command(mountpoint: &Path, op: Op, json: bool) -> Result<Reply, ClientError> {
     let mountpoint = client::resolve_mountpoint(mountpoint);
-    let socket = socket_path(&mountpoint);
-    let payload = client::query_at(&mountpoint, &socket, op)?;
+    ask_and_render(&mountpoint, &Request::new(op), json)
+}
+
+fn ask_and_render(mountpoint: &Path, request: &Request, json: bool) -> Result<Reply, ClientError> {
+    let socket = socket_path(mountpoint);
+    let payload = client::ask_at(mountpoint, &socket, request)?;
     let decode = |e: serde_json::Error| ClientError::BadAnswer {
         socket: socket.clone(),
         reason: e.to_string(),
     };
     let mut outcome = Ok(());
-    let text = match op {
+    let text = match request.op {
         Op::Refresh => {
             let round: protocol::RoundView =
                 serde_json::from_value(payload.clone()).map_err(decode)?;
@@ -82,8 +108,120 @@ pub fn command(mountpoint: &Path, op: Op, json: bool) -> Result<Reply, ClientErr
         Op::Status => render::status(&serde_json::from_value(payload).map_err(decode)?, now()),
         Op::Layers => render::layers(&serde_json::from_value::<Vec<_>>(payload).map_err(decode)?),
         Op::Images => render::images(&serde_json::from_value::<Vec<_>>(payload).map_err(decode)?),
+        Op::QuotaList => {
+            render::quotas(&serde_json::from_value::<Vec<_>>(payload).map_err(decode)?)
+        }
+        Op::QuotaSet | Op::QuotaGet => {
+            render::quota(&serde_json::from_value::<QuotaInfo>(payload).map_err(decode)?)
+        }
+        Op::QuotaClear => {
+            render::quota_cleared(&serde_json::from_value::<QuotaInfo>(payload).map_err(decode)?)
+        }
     };
-    Ok(Reply { text, outcome })
+    Ok(Reply {
+        text,
+        note: None,
+        outcome,
+    })
+}
+
+/// Runs `layerfs quota get|list|clear MOUNTPOINT [PATH] [--json]`. PATH is relative to
+/// MOUNTPOINT, or absolute and inside it.
+pub fn quota(
+    mountpoint: &Path,
+    op: Op,
+    path: Option<&Path>,
+    json: bool,
+) -> Result<Reply, StorageError> {
+    let mountpoint = client::resolve_mountpoint(mountpoint);
+    let path = match path {
+        Some(path) => Some(storage::key_for(&mountpoint, &target(&mountpoint, path))?),
+        None => None,
+    };
+    let request = Request {
+        path,
+        ..Request::new(op)
+    };
+    Ok(ask_and_render(&mountpoint, &request, json)?)
+}
+
+/// `layerfs quota set`: what to limit and how.
+#[derive(Debug, Clone, Default)]
+pub struct QuotaSet {
+    /// The directory: relative to the mountpoint, or absolute.
+    pub path: PathBuf,
+    pub storage: Storage,
+    pub inodes: Option<u64>,
+    /// containerd labels; `max-size` gives the limit when `storage.size` is empty.
+    pub labels: Vec<(String, String)>,
+    /// Create the directory (which must not exist) as containerd's `Prepare` does.
+    pub create: bool,
+}
+
+/// Runs `layerfs quota set MOUNTPOINT PATH [SIZE] …` through the storage core, with the
+/// backend MOUNTPOINT calls for: a layerfs mount enforces the quota, a plain directory
+/// cannot (an error, or a warning in [`Reply::note`] with `ignore_failed`).
+pub fn quota_set(mountpoint: &Path, set: &QuotaSet, json: bool) -> Result<Reply, StorageError> {
+    let backend = storage::backend_for(mountpoint);
+    let dir = target(&client::resolve_mountpoint(mountpoint), &set.path);
+    let (dir, applied) = if set.create {
+        let key = storage::key_for(backend.root(), &dir)?;
+        let prepared = storage::prepare(
+            backend.as_ref(),
+            &key,
+            &set.storage,
+            set.inodes,
+            &set.labels,
+        )?;
+        (prepared.dir, prepared.quota)
+    } else {
+        let applied = storage::apply(
+            backend.as_ref(),
+            &dir,
+            &set.storage,
+            set.inodes,
+            &set.labels,
+        )?;
+        (dir, applied)
+    };
+    let made = if set.create { "created; " } else { "" };
+    // Without a quota there is no answer to print: `null` keeps `--json` output parseable.
+    let nothing = if json { "null\n" } else { "" };
+    Ok(match applied {
+        Applied::Set { .. } => {
+            let request = Request {
+                path: Some(storage::key_for(backend.root(), &dir)?),
+                ..Request::new(Op::QuotaGet)
+            };
+            ask_and_render(backend.root(), &request, json)?
+        }
+        Applied::NoQuota => Reply {
+            note: Some(format!(
+                "{}: {made}no quota set (no size given, and no {} label)",
+                dir.display(),
+                crate::quota::size::MAX_SIZE_LABEL
+            )),
+            ..Reply::text(nothing.to_owned())
+        },
+        Applied::Skipped { limit, reason } => Reply {
+            note: Some(format!(
+                "warning: {}: {made}quota of {} not set: {reason}",
+                dir.display(),
+                human(limit)
+            )),
+            ..Reply::text(nothing.to_owned())
+        },
+    })
+}
+
+/// A command line's PATH: absolute (resolved like a mountpoint, symlinks and all), or
+/// relative to the (resolved) mountpoint.
+fn target(mountpoint: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        client::resolve_mountpoint(path)
+    } else {
+        mountpoint.join(path)
+    }
 }
 
 fn now() -> f64 {
@@ -91,4 +229,90 @@ fn now() -> f64 {
         .duration_since(std::time::SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(path: &str, size: &str, ignore_failed: bool, create: bool) -> QuotaSet {
+        QuotaSet {
+            path: path.into(),
+            storage: Storage {
+                size: size.into(),
+                ignore_failed,
+            },
+            create,
+            ..QuotaSet::default()
+        }
+    }
+
+    #[test]
+    fn set_on_a_plain_directory_fails_unless_told_to_go_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        let e = quota_set(tmp.path(), &set("c1", "10G", false, true), false).unwrap_err();
+        assert!(matches!(e, StorageError::Unsupported { .. }), "{e}");
+        assert!(!tmp.path().join("c1").exists());
+
+        let reply = quota_set(tmp.path(), &set("c1", "10G", true, true), true).unwrap();
+        assert!(tmp.path().join("c1").is_dir());
+        assert_eq!(reply.text, "null\n");
+        let note = reply.note.unwrap();
+        assert!(
+            note.starts_with("warning: ") && note.contains("created; quota of 10G not set: "),
+            "{note}"
+        );
+        assert!(reply.outcome.is_ok());
+
+        let abs = tmp.path().join("c1");
+        let reply = quota_set(
+            tmp.path(),
+            &set(abs.to_str().unwrap(), "1G", true, false),
+            false,
+        )
+        .unwrap();
+        assert_eq!(reply.text, "");
+        assert!(reply.note.unwrap().contains("quota of 1.0G not set"));
+    }
+
+    #[test]
+    fn an_empty_size_does_nothing_and_says_so() {
+        let tmp = tempfile::tempdir().unwrap();
+        let reply = quota_set(tmp.path(), &set("c1", "", false, false), false).unwrap();
+        assert_eq!(reply.text, "");
+        let note = reply.note.unwrap();
+        assert!(note.contains("no quota set"), "{note}");
+        assert!(!tmp.path().join("c1").exists());
+        let e = quota_set(tmp.path(), &set("c1", "1.5G", true, true), false).unwrap_err();
+        assert!(e.to_string().starts_with("invalid size \"1.5G\""), "{e}");
+        assert!(!tmp.path().join("c1").exists());
+    }
+
+    #[test]
+    fn paths_must_stay_inside_the_mountpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let e = quota_set(tmp.path(), &set("../x", "1G", true, true), false).unwrap_err();
+        assert!(matches!(e, StorageError::Outside { .. }), "{e}");
+        let e = quota(
+            tmp.path(),
+            Op::QuotaGet,
+            Some(Path::new("/elsewhere")),
+            false,
+        )
+        .unwrap_err();
+        assert!(matches!(e, StorageError::Outside { .. }), "{e}");
+        // Inside, but nothing is mounted: the client's error, as the other commands give.
+        let e = quota(tmp.path(), Op::QuotaGet, Some(Path::new("c1")), false).unwrap_err();
+        assert!(e.to_string().starts_with("no layerfs mount at "), "{e}");
+    }
+
+    #[test]
+    fn relative_and_absolute_paths() {
+        let m = Path::new("/mnt/view");
+        assert_eq!(target(m, Path::new("overlay/c1")), m.join("overlay/c1"));
+        assert_eq!(
+            storage::key_for(m, &target(m, Path::new("./overlay/c1/"))).unwrap(),
+            "overlay/c1"
+        );
+    }
 }

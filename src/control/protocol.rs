@@ -27,6 +27,14 @@ pub enum Op {
     Refresh,
     Layers,
     Images,
+    #[serde(rename = "quota_set")]
+    QuotaSet,
+    #[serde(rename = "quota_get")]
+    QuotaGet,
+    #[serde(rename = "quota_list")]
+    QuotaList,
+    #[serde(rename = "quota_clear")]
+    QuotaClear,
 }
 
 impl Op {
@@ -37,30 +45,131 @@ impl Op {
             Op::Refresh => "round",
             Op::Layers => "layers",
             Op::Images => "images",
+            Op::QuotaSet | Op::QuotaGet | Op::QuotaClear => "quota",
+            Op::QuotaList => "quotas",
         }
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+/// A request. The quota ops name a directory by `path`, relative to the mountpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Request {
     pub op: Op,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// `quota_set`: the limit, as a size string (`10G`, `512Mi`, `1048576`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
+    /// `quota_set`: an optional limit on the number of inodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes: Option<u64>,
+}
+
+impl Request {
+    pub fn new(op: Op) -> Request {
+        Request {
+            op,
+            path: None,
+            size: None,
+            inodes: None,
+        }
+    }
 }
 
 /// The request line for `op`, newline included.
 pub fn request_line(op: Op) -> Vec<u8> {
-    let mut line = serde_json::to_vec(&Request { op }).unwrap_or_default();
+    request_line_for(&Request::new(op))
+}
+
+/// The line for a full request, newline included.
+pub fn request_line_for(request: &Request) -> Vec<u8> {
+    let mut line = serde_json::to_vec(request).unwrap_or_default();
     line.push(b'\n');
     line
+}
+
+/// A quota question, as the mount answers it ([`MountControl::quota`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuotaRequest {
+    Set {
+        path: String,
+        size: String,
+        inodes: Option<u64>,
+    },
+    Get {
+        path: String,
+    },
+    List,
+    Clear {
+        path: String,
+    },
+}
+
+impl QuotaRequest {
+    fn from_request(r: &Request) -> Result<QuotaRequest, String> {
+        let path = || {
+            r.path
+                .clone()
+                .ok_or_else(|| format!("bad request: '{}' needs a path", op_name(r.op)))
+        };
+        Ok(match r.op {
+            Op::QuotaSet => QuotaRequest::Set {
+                path: path()?,
+                size: r
+                    .size
+                    .clone()
+                    .ok_or_else(|| "bad request: 'quota_set' needs a size".to_owned())?,
+                inodes: r.inodes,
+            },
+            Op::QuotaGet => QuotaRequest::Get { path: path()? },
+            Op::QuotaClear => QuotaRequest::Clear { path: path()? },
+            _ => QuotaRequest::List,
+        })
+    }
+}
+
+fn op_name(op: Op) -> String {
+    serde_json::to_value(op)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// One quota root: its limit and what is used under it. Both sides of the socket use it;
+/// missing fields read as zero so older and newer builds still understand each other.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct QuotaInfo {
+    /// The directory, relative to the mountpoint.
+    pub path: String,
+    /// Bytes of allocated space allowed.
+    pub limit: u64,
+    /// Bytes of allocated space in use.
+    pub used: u64,
+    /// `limit - used`, never negative.
+    pub available: u64,
+    /// Inodes allowed, when an inode limit is set.
+    pub inode_limit: Option<u64>,
+    pub inodes_used: u64,
+}
+
+/// The answer to a [`QuotaRequest`]: one root for set/get/clear, all of them for list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum QuotaAnswer {
+    One(QuotaInfo),
+    Many(Vec<QuotaInfo>),
 }
 
 /// Answers one request line (without its newline) with one answer line (with it).
 pub fn answer(handle: &dyn MountControl, line: &[u8]) -> Vec<u8> {
     let reply = match serde_json::from_slice::<Request>(line) {
-        Ok(Request { op }) => {
+        Ok(request) => {
+            let op = request.op;
             // A bug in the engine must cost this answer, not the connection thread.
-            match catch_unwind(AssertUnwindSafe(|| payload(handle, op))) {
+            match catch_unwind(AssertUnwindSafe(|| payload(handle, &request))) {
                 Ok(Ok(value)) => json!({ "ok": true, op.key(): value }),
-                Ok(Err(e)) => error(&format!("encoding the answer: {e}")),
+                Ok(Err(message)) => error(&message),
                 Err(_) => error("internal error answering the request (see the mount's log)"),
             }
         }
@@ -69,13 +178,18 @@ pub fn answer(handle: &dyn MountControl, line: &[u8]) -> Vec<u8> {
     encode(&reply)
 }
 
-fn payload(handle: &dyn MountControl, op: Op) -> serde_json::Result<Value> {
-    match op {
+fn payload(handle: &dyn MountControl, request: &Request) -> Result<Value, String> {
+    let encoded = match request.op {
         Op::Status => serde_json::to_value(handle.status()),
         Op::Refresh => serde_json::to_value(handle.refresh()),
         Op::Layers => serde_json::to_value(handle.layers()),
         Op::Images => serde_json::to_value(handle.images()),
-    }
+        Op::QuotaSet | Op::QuotaGet | Op::QuotaList | Op::QuotaClear => {
+            let question = QuotaRequest::from_request(request)?;
+            serde_json::to_value(handle.quota(question)?)
+        }
+    };
+    encoded.map_err(|e| format!("encoding the answer: {e}"))
 }
 
 /// An error answer.
@@ -103,6 +217,7 @@ pub struct StatusView {
     pub rounds: u64,
     pub remote_health: HealthView,
     pub last_round: Option<RoundView>,
+    pub quotas: Vec<QuotaInfo>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -209,6 +324,7 @@ mod tests {
                     last_error: None,
                 },
                 last_round: Some(round()),
+                quotas: Vec::new(),
             }
         }
         fn refresh(&self) -> RoundReport {
@@ -278,12 +394,46 @@ mod tests {
 
     #[test]
     fn request_lines_round_trip() {
-        for op in [Op::Status, Op::Refresh, Op::Layers, Op::Images] {
+        for op in [
+            Op::Status,
+            Op::Refresh,
+            Op::Layers,
+            Op::Images,
+            Op::QuotaSet,
+            Op::QuotaGet,
+            Op::QuotaList,
+            Op::QuotaClear,
+        ] {
             let line = request_line(op);
             assert_eq!(line.last(), Some(&b'\n'));
             let r: Request = serde_json::from_slice(&line).unwrap();
             assert_eq!(r.op, op);
         }
+    }
+
+    #[test]
+    fn quota_ops_reach_the_mount_and_need_their_fields() {
+        let v = ask(r#"{"op":"quota_list"}"#);
+        assert_eq!(v["ok"], false);
+        assert_eq!(v["error"], "this mount does not serve quotas");
+        let v = ask(r#"{"op":"quota_set","path":"overlay/c1"}"#);
+        assert_eq!(v["error"], "bad request: 'quota_set' needs a size");
+        let v = ask(r#"{"op":"quota_get"}"#);
+        assert_eq!(v["error"], "bad request: 'quota_get' needs a path");
+        let line = request_line_for(&Request {
+            path: Some("overlay/c1".into()),
+            size: Some("10G".into()),
+            ..Request::new(Op::QuotaSet)
+        });
+        let r: Request = serde_json::from_slice(&line).unwrap();
+        assert_eq!(
+            QuotaRequest::from_request(&r).unwrap(),
+            QuotaRequest::Set {
+                path: "overlay/c1".into(),
+                size: "10G".into(),
+                inodes: None
+            }
+        );
     }
 
     #[test]

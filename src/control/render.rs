@@ -3,7 +3,8 @@
 
 use std::fmt::Write;
 
-use super::protocol::{ImageView, LayerView, RoundView, StatusView};
+use super::protocol::{ImageView, LayerView, QuotaInfo, RoundView, StatusView};
+use crate::quota::size::human;
 
 /// Ids in table columns that point elsewhere (parents, top layers) are cut to this many
 /// characters, as `docker` does; the full id is in the `ID` column of the other table.
@@ -92,7 +93,40 @@ pub fn status(s: &StatusView, now: f64) -> String {
             }
         }
     }
+    quota_summary(&mut out, &s.quotas);
     out
+}
+
+/// The `quotas` lines of `status`: a summary, and the roots with no room left by name (all
+/// of them are in `layerfs quota list`; a host may have hundreds).
+fn quota_summary(out: &mut String, roots: &[QuotaInfo]) {
+    if roots.is_empty() {
+        out.push_str("quotas      none\n");
+        return;
+    }
+    let sum = |f: fn(&QuotaInfo) -> u64| roots.iter().map(f).fold(0u64, u64::saturating_add);
+    let full: Vec<&QuotaInfo> = roots.iter().filter(|q| q.available == 0).collect();
+    let _ = write!(
+        out,
+        "quotas      {}, {} of {} used",
+        count(roots.len(), "root"),
+        human(sum(|q| q.used)),
+        human(sum(|q| q.limit))
+    );
+    if full.is_empty() {
+        out.push('\n');
+    } else {
+        let _ = writeln!(out, "; {} full:", full.len());
+    }
+    for q in full {
+        let _ = writeln!(
+            out,
+            "  {}: {} of {} used",
+            q.path,
+            human(q.used),
+            human(q.limit)
+        );
+    }
 }
 
 /// `layerfs refresh`: what the round changed.
@@ -153,6 +187,83 @@ pub fn images(images: &[ImageView]) -> String {
         })
         .collect();
     table(["ID", "TOP LAYER", "NAMES"], &rows)
+}
+
+/// `layerfs quota list`: one row per quota root, sizes as `df -h` shows them.
+pub fn quotas(roots: &[QuotaInfo]) -> String {
+    let rows: Vec<[String; 6]> = roots
+        .iter()
+        .map(|q| {
+            [
+                q.path.clone(),
+                human(q.limit),
+                human(q.used),
+                human(q.available),
+                percent(q.used, q.limit),
+                inodes(q),
+            ]
+        })
+        .collect();
+    table(["PATH", "LIMIT", "USED", "AVAIL", "USE%", "INODES"], &rows)
+}
+
+/// `layerfs quota get|set`: one root, exact bytes next to the short form.
+pub fn quota(q: &QuotaInfo) -> String {
+    let mut out = String::new();
+    let mut line = |label: &str, value: &str| {
+        let _ = writeln!(out, "{label:<11}{value}");
+    };
+    line("path", &q.path);
+    line("limit", &bytes(q.limit));
+    let mut used = bytes(q.used);
+    if q.limit > 0 {
+        let _ = write!(used, ", {} of the limit", percent(q.used, q.limit));
+    }
+    line("used", &used);
+    line("available", &bytes(q.available));
+    let inodes = match q.inode_limit {
+        Some(limit) => format!("{} used of {limit}", q.inodes_used),
+        None => format!("{} used, no limit", q.inodes_used),
+    };
+    line("inodes", &inodes);
+    out
+}
+
+/// `layerfs quota clear`: the root as it was.
+pub fn quota_cleared(q: &QuotaInfo) -> String {
+    format!(
+        "quota of {} cleared (limit was {}, {} used)\n",
+        q.path,
+        human(q.limit),
+        human(q.used)
+    )
+}
+
+/// `10G (10737418240 bytes)`.
+fn bytes(n: u64) -> String {
+    if n < 1024 {
+        count(n as usize, "byte")
+    } else {
+        format!("{} ({n} bytes)", human(n))
+    }
+}
+
+/// Rounded up, as `df` does, so a root that is at all over 99 % does not read as 99 %. A
+/// zero limit has no percentage.
+fn percent(used: u64, limit: u64) -> String {
+    if limit == 0 {
+        return "-".to_owned();
+    }
+    let p = (u128::from(used) * 100).div_ceil(u128::from(limit));
+    format!("{p}%")
+}
+
+/// `used/limit`, or just what is used when inodes are not limited.
+fn inodes(q: &QuotaInfo) -> String {
+    match q.inode_limit {
+        Some(limit) => format!("{}/{limit}", q.inodes_used),
+        None => q.inodes_used.to_string(),
+    }
 }
 
 fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
@@ -330,6 +441,7 @@ mod tests {
                 last_error: None,
             },
             last_round: Some(round_view()),
+            quotas: Vec::new(),
         }
     }
 
@@ -348,6 +460,7 @@ ready       4 layers, 1 image
 not ready   1 layer, 1 image:
   layer cf2e: layer.json has \"incompelte\": true
   image 3cc6: top layer a4ef does not exist
+quotas      none
 ";
         assert_eq!(text, want);
     }
@@ -374,7 +487,10 @@ not ready   1 layer, 1 image:
             text.contains("remote scan failed: scan timed out"),
             "{text}"
         );
-        assert!(text.ends_with("not ready   0 layers, 0 images\n"), "{text}");
+        assert!(
+            text.ends_with("not ready   0 layers, 0 images\nquotas      none\n"),
+            "{text}"
+        );
         s.last_round = None;
         assert!(status(&s, T0).contains("last round  none yet\n"));
     }
@@ -414,6 +530,111 @@ not ready   1 layer, 1 image:
         }]);
         assert_eq!(text, "ID  TOP LAYER  NAMES\ni   t          a:1,b:2\n");
         assert_eq!(images(&[]), "ID  TOP LAYER  NAMES\n");
+    }
+
+    fn quota_info() -> QuotaInfo {
+        QuotaInfo {
+            path: "overlay/c1".into(),
+            limit: 10 << 30,
+            used: 4096,
+            available: (10 << 30) - 4096,
+            inode_limit: None,
+            inodes_used: 3,
+        }
+    }
+
+    #[test]
+    fn quota_list_is_a_table() {
+        let full = QuotaInfo {
+            path: "overlay/c2".into(),
+            limit: 8 << 20,
+            used: 8 << 20,
+            available: 0,
+            inode_limit: Some(1000),
+            inodes_used: 12,
+        };
+        let zero = QuotaInfo {
+            path: "volumes/v".into(),
+            ..QuotaInfo::default()
+        };
+        assert_eq!(
+            quotas(&[quota_info(), full, zero]),
+            "\
+PATH        LIMIT  USED  AVAIL  USE%  INODES
+overlay/c1  10G    4.0K  10G    1%    3
+overlay/c2  8.0M   8.0M  0      100%  12/1000
+volumes/v   0      0     0      -     0
+"
+        );
+        assert_eq!(quotas(&[]), "PATH  LIMIT  USED  AVAIL  USE%  INODES\n");
+    }
+
+    #[test]
+    fn status_sums_quotas_and_names_full_roots() {
+        let mut s = status_view();
+        s.last_round = None;
+        s.quotas = vec![
+            quota_info(),
+            QuotaInfo {
+                path: "overlay/c2".into(),
+                limit: 8 << 20,
+                used: 8 << 20,
+                ..QuotaInfo::default()
+            },
+        ];
+        let text = status(&s, T0);
+        assert!(
+            text.ends_with(
+                "last round  none yet\nquotas      2 roots, 8.1M of 11G used; 1 full:\n  \
+                 overlay/c2: 8.0M of 8.0M used\n"
+            ),
+            "{text}"
+        );
+        s.quotas.truncate(1);
+        assert!(
+            status(&s, T0).ends_with("quotas      1 root, 4.0K of 10G used\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn one_quota_shows_exact_bytes() {
+        assert_eq!(
+            quota(&quota_info()),
+            "\
+path       overlay/c1
+limit      10G (10737418240 bytes)
+used       4.0K (4096 bytes), 1% of the limit
+available  10G (10737414144 bytes)
+inodes     3 used, no limit
+"
+        );
+        let q = QuotaInfo {
+            limit: 0,
+            used: 0,
+            available: 0,
+            inode_limit: Some(5),
+            inodes_used: 1,
+            ..quota_info()
+        };
+        let text = quota(&q);
+        assert!(text.contains("limit      0 bytes\n"), "{text}");
+        assert!(text.contains("used       0 bytes\n"), "{text}");
+        assert!(text.contains("inodes     1 used of 5\n"), "{text}");
+        assert_eq!(
+            quota_cleared(&quota_info()),
+            "quota of overlay/c1 cleared (limit was 10G, 4.0K used)\n"
+        );
+    }
+
+    #[test]
+    fn percentages_round_up_and_can_pass_100() {
+        assert_eq!(percent(0, 10), "0%");
+        assert_eq!(percent(1, 1000), "1%");
+        assert_eq!(percent(999, 1000), "100%");
+        assert_eq!(percent(15, 10), "150%");
+        assert_eq!(percent(u64::MAX, u64::MAX), "100%");
+        assert_eq!(percent(5, 0), "-");
     }
 
     #[test]

@@ -9,6 +9,10 @@
 //! the remote copy, then copied up) names the inode's backing file but adds direct I/O,
 //! which makes the kernel send its reads and writes to the daemon (only `mmap` would use the
 //! backing file); it keeps the backing file in use like any other open.
+//!
+//! Writes the daemon must see (files under a quota root, whose allocations it counts) are
+//! intercepted: such an open is never a passthrough open, and where the inode already has
+//! a backing file it gets direct I/O like the case above.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,6 +64,7 @@ impl BackingTable {
         ino: u64,
         layer: Layer,
         passthrough: bool,
+        intercept: bool,
         open_backing: impl FnOnce() -> std::io::Result<BackingId>,
     ) -> Grant {
         let mut slots = self.slots.lock();
@@ -68,7 +73,7 @@ impl BackingTable {
                 id,
                 layer: l,
                 opens,
-            }) if *l == layer => {
+            }) if *l == layer && !intercept => {
                 *opens += 1;
                 Grant::Passthrough(id.clone())
             }
@@ -80,7 +85,7 @@ impl BackingTable {
                 *opens += 1;
                 Grant::Cached
             }
-            None if passthrough => match open_backing() {
+            None if passthrough && !intercept => match open_backing() {
                 Ok(id) => {
                     let id = Arc::new(id);
                     slots.insert(
@@ -133,11 +138,11 @@ mod tests {
     fn without_passthrough_every_open_is_cached_and_counted() {
         let t = BackingTable::default();
         assert!(matches!(
-            t.acquire(5, Layer::Local, false, refused),
+            t.acquire(5, Layer::Local, false, false, refused),
             Grant::Cached
         ));
         assert!(matches!(
-            t.acquire(5, Layer::Local, true, || panic!("mode is decided")),
+            t.acquire(5, Layer::Local, true, false, || panic!("mode is decided")),
             Grant::Cached
         ));
         t.release(5);
@@ -149,7 +154,16 @@ mod tests {
     fn a_refused_backing_file_falls_back_to_cached() {
         let t = BackingTable::default();
         assert!(matches!(
-            t.acquire(9, Layer::Remote, true, refused),
+            t.acquire(9, Layer::Remote, true, false, refused),
+            Grant::Cached
+        ));
+    }
+
+    #[test]
+    fn intercepted_opens_never_pass_through() {
+        let t = BackingTable::default();
+        assert!(matches!(
+            t.acquire(3, Layer::Local, true, true, || panic!("no backing file")),
             Grant::Cached
         ));
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::view::listing::ListEntry;
-use crate::view::Layer;
+use crate::view::{Layer, Node};
 
 /// How the kernel does I/O on an open file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +26,8 @@ pub enum IoMode {
 #[derive(Debug)]
 pub struct FileHandle {
     pub ino: u64,
+    /// Kept for the quota accounting of its writes, and to count its opens.
+    pub node: Arc<Node>,
     pub fd: OwnedFd,
     pub layer: Layer,
     pub mode: IoMode,

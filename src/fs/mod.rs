@@ -88,17 +88,23 @@ impl LayerFs {
         self.handles.file(fh.0).ok_or(Errno::EBADF)
     }
 
+    /// How an open is served. `intercept`: its writes must reach the daemon (a file under
+    /// a quota root).
     fn grant(
         &self,
         ino: u64,
         fd: &std::os::fd::OwnedFd,
         layer: crate::view::Layer,
+        intercept: bool,
         open: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<fuser::BackingId>,
     ) -> Grant {
-        self.backing
-            .acquire(ino, layer, self.passthrough.load(Ordering::Relaxed), || {
-                open(fd)
-            })
+        self.backing.acquire(
+            ino,
+            layer,
+            self.passthrough.load(Ordering::Relaxed),
+            intercept,
+            || open(fd),
+        )
     }
 }
 
@@ -179,6 +185,12 @@ impl Filesystem for LayerFs {
     fn destroy(&mut self) {
         // The last request of an unmount: what was written through the view reaches the
         // disk before the daemon says it is done.
+        if !self.view.quotas.is_empty() {
+            // Only for comparison at the next mount, which counts usage afresh anyway.
+            if let Err(e) = self.view.save_quotas() {
+                tracing::warn!(error = %e, "saving quota usage at unmount failed");
+            }
+        }
         match self.view.sync_local() {
             Ok(()) => info!("local tree synced"),
             Err(e) => tracing::warn!(error = %e, "syncing the local tree at unmount failed"),
@@ -360,10 +372,14 @@ impl Filesystem for LayerFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let node = tri!(reply, self.view.node(ino.0));
         let (fd, layer) = tri!(reply, self.view.open(&node, flags.0));
-        let grant = self.grant(ino.0, &fd, layer, |fd| reply.open_backing(fd));
+        let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
+        let intercept = writes && self.view.quota_of(&node).is_some();
+        let grant = self.grant(ino.0, &fd, layer, intercept, |fd| reply.open_backing(fd));
         let fopen = open_flags(&grant);
+        self.view.opened(&node);
         let fh = self.handles.insert(Handle::File(OpenFile {
             ino: ino.0,
+            node,
             fd,
             layer,
             mode: grant.mode(),
@@ -425,19 +441,11 @@ impl Filesystem for LayerFs {
         let Some(file) = handle.as_file() else {
             return reply.error(fuser::Errno::EBADF);
         };
-        let mut done = 0;
-        while done < data.len() {
-            match nix::sys::uio::pwrite(
-                file.fd.as_fd(),
-                &data[done..],
-                (offset as usize + done) as libc::off_t,
-            ) {
-                Ok(n) => done += n,
-                Err(Errno::EINTR) => continue,
-                Err(e) if done == 0 => return reply.error(errno(e)),
-                Err(_) => break,
-            }
-        }
+        let done = tri!(
+            reply,
+            self.view
+                .write_at(&file.node, file.fd.as_fd(), offset, data)
+        );
         reply.written(done as u32);
     }
 
@@ -467,6 +475,7 @@ impl Filesystem for LayerFs {
         if let Some(handle) = self.handles.remove(fh.0) {
             if let Some(file) = handle.as_file() {
                 self.backing.release(file.ino);
+                self.view.released(&file.node, file.fd.as_fd());
             }
         }
         reply.ok();
@@ -594,23 +603,24 @@ impl Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = tri!(reply, self.view.statfs());
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let node = tri!(reply, self.view.node(ino.0));
+        let s = tri!(reply, self.view.statfs_at(&node));
         reply.statfs(
-            s.blocks(),
-            s.blocks_free(),
-            s.blocks_available(),
-            s.files(),
-            s.files_free(),
-            s.block_size() as u32,
-            s.name_max() as u32,
-            s.fragment_size() as u32,
+            s.f_blocks,
+            s.f_bfree,
+            s.f_bavail,
+            s.f_files,
+            s.f_ffree,
+            s.f_bsize as u32,
+            s.f_namemax as u32,
+            s.f_frsize as u32,
         );
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -619,7 +629,10 @@ impl Filesystem for LayerFs {
         reply: ReplyEmpty,
     ) {
         let node = tri!(reply, self.view.node(ino.0));
-        tri!(reply, self.view.setxattr(&node, name, value, flags));
+        tri!(
+            reply,
+            self.view.setxattr(&node, name, value, flags, caller(req))
+        );
         reply.ok();
     }
 
@@ -635,9 +648,9 @@ impl Filesystem for LayerFs {
         reply_sized(reply, &names, size);
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let node = tri!(reply, self.view.node(ino.0));
-        tri!(reply, self.view.removexattr(&node, name));
+        tri!(reply, self.view.removexattr(&node, name, caller(req)));
         reply.ok();
     }
 
@@ -663,10 +676,13 @@ impl Filesystem for LayerFs {
         );
         let ino = entry.node.ino;
         let layer = crate::view::Layer::Local;
-        let grant = self.grant(ino, &fd, layer, |fd| reply.open_backing(fd));
+        let intercept = self.view.quota_of(&entry.node).is_some();
+        let grant = self.grant(ino, &fd, layer, intercept, |fd| reply.open_backing(fd));
         let fopen = open_flags(&grant);
+        self.view.opened(&entry.node);
         let fh = self.handles.insert(Handle::File(OpenFile {
             ino,
+            node: entry.node.clone(),
             fd,
             layer,
             mode: grant.mode(),
@@ -705,15 +721,11 @@ impl Filesystem for LayerFs {
         let Some(file) = handle.as_file() else {
             return reply.error(fuser::Errno::EBADF);
         };
-        let res = unsafe {
-            libc::fallocate(
-                file.fd.as_raw_fd(),
-                mode,
-                offset as libc::off_t,
-                length as libc::off_t,
-            )
-        };
-        tri!(reply, Errno::result(res));
+        tri!(
+            reply,
+            self.view
+                .fallocate_at(&file.node, file.fd.as_fd(), mode, offset, length)
+        );
         reply.ok();
     }
 
@@ -771,19 +783,17 @@ impl Filesystem for LayerFs {
         let (Some(src), Some(dst)) = (src.as_file(), dst.as_file()) else {
             return reply.error(fuser::Errno::EBADF);
         };
-        let mut off_in = offset_in as libc::loff_t;
-        let mut off_out = offset_out as libc::loff_t;
-        let n = unsafe {
-            libc::copy_file_range(
-                src.fd.as_raw_fd(),
-                &mut off_in,
-                dst.fd.as_raw_fd(),
-                &mut off_out,
-                len.min(1 << 30) as usize,
-                0,
+        let n = tri!(
+            reply,
+            self.view.copy_range_at(
+                &dst.node,
+                src.fd.as_fd(),
+                offset_in,
+                dst.fd.as_fd(),
+                offset_out,
+                len,
             )
-        };
-        let n = tri!(reply, Errno::result(n));
+        );
         reply.written(n as u32);
     }
 }

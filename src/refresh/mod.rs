@@ -207,6 +207,7 @@ impl MountControl for RefreshHandle {
             rounds: state.rounds,
             remote_health: state.health.clone(),
             last_round: state.last_round.clone(),
+            quotas: Vec::new(),
         }
     }
 

@@ -78,6 +78,8 @@ pub struct Status {
     pub rounds: u64,
     pub remote_health: RemoteHealth,
     pub last_round: Option<RoundReport>,
+    /// The mount's quota roots (filled in by the mount, not the refresh engine).
+    pub quotas: Vec<crate::control::protocol::QuotaInfo>,
 }
 
 /// A layer as `layerfs layers` lists it.
@@ -129,4 +131,11 @@ pub trait MountControl: Send + Sync {
     fn layers(&self) -> Vec<LayerInfo>;
     /// The ready images, sorted by id.
     fn images(&self) -> Vec<ImageInfo>;
+    /// Sets, reads, lists or clears quotas; an error is a message for the user.
+    fn quota(
+        &self,
+        _request: crate::control::protocol::QuotaRequest,
+    ) -> Result<crate::control::protocol::QuotaAnswer, String> {
+        Err("this mount does not serve quotas".into())
+    }
 }

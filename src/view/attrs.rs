@@ -16,7 +16,7 @@ use nix::sys::stat::Mode;
 use nix::unistd::{Gid, Uid};
 
 use super::node::{Layer, Node};
-use super::{marker, Stat, View};
+use super::{marker, Caller, Stat, View};
 use crate::store::{self, cname, xattr, Kind};
 
 /// The kernel asks for this attribute before every write (to drop file capabilities when
@@ -78,11 +78,10 @@ impl View {
                     Errno::EINVAL
                 });
             }
-            let truncate = |f: BorrowedFd<'_>| {
-                Errno::result(unsafe { libc::ftruncate(f.as_raw_fd(), size as libc::off_t) })
-            };
+            let truncate = |f: BorrowedFd<'_>| self.truncate_within_quota(node, f, size);
             match open.map(truncate) {
-                Some(Ok(_)) => {}
+                Some(Ok(())) => {}
+                Some(Err(e)) if e == self.quotas.errno() => return Err(e),
                 // A handle opened read-only (or none at all): truncate by the object itself.
                 _ => {
                     let w = store::reopen(fd, OFlag::O_WRONLY)?;
@@ -106,6 +105,9 @@ impl View {
     }
 
     pub fn getxattr(&self, node: &Node, name: &OsStr) -> Result<Vec<u8>, Errno> {
+        if Self::is_quota_xattr(name) {
+            return self.quota_xattr(node);
+        }
         let caps = name.as_bytes() == CAPABILITY;
         {
             let st = node.state();
@@ -134,9 +136,13 @@ impl View {
         if node.layer() == Layer::Virtual {
             return Ok(Vec::new());
         }
+        let mut out = Vec::new();
+        if self.quota_xattr(node).is_ok() {
+            out.extend_from_slice(super::quota::QUOTA_XATTR);
+            out.push(0);
+        }
         let fd = self.object_fd(node)?;
         let path = store::proc_path(fd.as_fd());
-        let mut out = Vec::new();
         for stored in xattr::list(&path)? {
             let shown = match node.layer() {
                 Layer::Local => marker::unescape(&stored),
@@ -156,7 +162,11 @@ impl View {
         name: &OsStr,
         value: &[u8],
         flags: i32,
+        caller: Caller,
     ) -> Result<(), Errno> {
+        if Self::is_quota_xattr(name) {
+            return self.set_quota_xattr(node, value, caller);
+        }
         self.make_local(node, true)?;
         let fd = self.object_fd(node)?;
         let stored = marker::escape(name.as_bytes()).ok_or(Errno::EINVAL)?;
@@ -166,7 +176,10 @@ impl View {
         xattr::set(&store::proc_path(fd.as_fd()), &stored, value, flags)
     }
 
-    pub fn removexattr(&self, node: &Arc<Node>, name: &OsStr) -> Result<(), Errno> {
+    pub fn removexattr(&self, node: &Arc<Node>, name: &OsStr, caller: Caller) -> Result<(), Errno> {
+        if Self::is_quota_xattr(name) {
+            return self.remove_quota_xattr(node, caller);
+        }
         // Nothing to copy up for an attribute that is not there.
         if node.layer() != Layer::Local {
             self.getxattr(node, name)?;

@@ -20,7 +20,9 @@ use tracing::debug;
 
 use super::inodes::Identity;
 use super::node::{Layer, Node};
+use super::quota::{dir_blocks, NEEDS_ROOM};
 use super::{marker, Stat, View};
+use crate::quota::scan::allocated;
 use crate::store::{self, cname, copy, xattr, Kind};
 
 impl View {
@@ -38,6 +40,14 @@ impl View {
         let template = self.getattr(node, None)?;
         let remote = node.state().remote.clone();
         let parent_times = store::stat_fd(parent_fd.as_fd())?;
+        let root = self.quota_of(node);
+        let _room = match &root {
+            Some(root) => {
+                root.admit_inodes(1)?;
+                Some(root.reserve(self.local_block_size())?)
+            }
+            None => None,
+        };
 
         // Created closed (0700, root) and opened up once its attributes are right.
         let fd = match nix::sys::stat::mkdirat(
@@ -55,6 +65,12 @@ impl View {
                 }
                 apply_owner_mode_times(fd.as_fd(), &template)?;
                 restore_times(parent_fd.as_fd(), &parent_times);
+                if let Some(root) = &root {
+                    let grown =
+                        dir_blocks(parent_fd.as_fd()) as i64 - allocated(&parent_times) as i64;
+                    root.charge(grown + dir_blocks(fd.as_fd()) as i64);
+                    root.charge_inodes(1);
+                }
                 fd
             }
             // Another request got there first.
@@ -95,6 +111,24 @@ impl View {
         let c = cname(&name)?;
         let parent_times = store::stat_fd(local_dir.as_fd())?;
         let dir = local_dir.as_fd();
+        // The copy must fit in the quota before a byte of it is written: a copy-up that
+        // fails leaves no partial file.
+        let root = self.quota_of(&parent);
+        let _room = match &root {
+            Some(root) => {
+                root.admit_inodes(1)?;
+                let needs = match (layer, node.kind) {
+                    (Layer::Remote, Kind::File) if with_data => parent
+                        .dir_fds()
+                        .remote()
+                        .and_then(|r| store::stat_at(r, &c).ok())
+                        .map_or(NEEDS_ROOM, |st| allocated(&st).max(NEEDS_ROOM)),
+                    _ => NEEDS_ROOM,
+                };
+                Some(root.reserve(needs)?)
+            }
+            None => None,
+        };
         match (layer, link) {
             (Layer::Virtual, Some(target)) => {
                 let mut st = self.getattr(node, None)?;
@@ -117,6 +151,12 @@ impl View {
         }
         restore_times(dir, &parent_times);
         let st = store::stat_at(dir, &c)?;
+        if let Some(root) = &root {
+            let grown = dir_blocks(dir) as i64 - allocated(&parent_times) as i64;
+            root.charge(grown + allocated(&st) as i64);
+            root.charge_inodes(1);
+            node.state().blocks = Some(allocated(&st));
+        }
         self.inodes.bind(
             Identity::Local {
                 dev: st.st_dev,

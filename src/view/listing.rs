@@ -43,7 +43,7 @@ impl View {
         if let Some(local) = fds.local() {
             let dev = store::stat_fd(local)?.st_dev;
             for e in store::read_dir(local)? {
-                if marker::is_temp_name(e.name.as_bytes()) {
+                if marker::is_reserved_name(e.name.as_bytes()) {
                     continue;
                 }
                 seen.insert(e.name.clone());

@@ -17,14 +17,17 @@ use nix::sys::stat::{Mode, SFlag};
 use super::{Stat, Zone};
 use crate::store::{self, xattr};
 
-/// Prefix of the temporary names copy-up uses in local; never visible in the view.
+/// Prefix of the temporary names copy-up uses in local.
 pub const TEMP_PREFIX: &[u8] = b".layerfs-tmp.";
+/// Names with this prefix are the view's own bookkeeping in local (temporary files, the
+/// quota registry): never visible in the view, never creatable through it.
+pub const RESERVED_PREFIX: &[u8] = b".layerfs-";
 
 const OPAQUE_NAMES: [&CStr; 2] = [c"trusted.overlay.opaque", c"user.overlay.opaque"];
 const PRIVATE_PREFIXES: [&[u8]; 2] = [b"trusted.overlay.", b"user.overlay."];
 
-pub fn is_temp_name(name: &[u8]) -> bool {
-    name.starts_with(TEMP_PREFIX)
+pub fn is_reserved_name(name: &[u8]) -> bool {
+    name.starts_with(RESERVED_PREFIX)
 }
 
 /// Whether a local entry, in a directory of `zone`, is one of our whiteouts.
@@ -105,8 +108,9 @@ mod tests {
     }
 
     #[test]
-    fn temp_names_are_recognised() {
-        assert!(is_temp_name(b".layerfs-tmp.abc"));
-        assert!(!is_temp_name(b".layerfs"));
+    fn reserved_names_are_recognised() {
+        assert!(is_reserved_name(b".layerfs-tmp.abc"));
+        assert!(is_reserved_name(b".layerfs-quota.json"));
+        assert!(!is_reserved_name(b".layerfs"));
     }
 }

@@ -21,6 +21,7 @@ pub mod listing;
 pub mod marker;
 pub mod namespace;
 pub mod node;
+pub mod quota;
 pub mod refresh;
 pub mod zone;
 
@@ -36,6 +37,7 @@ use nix::fcntl::OFlag;
 use parking_lot::RwLock;
 
 use crate::layout::LayoutIndex;
+use crate::quota::table::Quotas;
 use crate::store::{self, cname, Kind};
 use inodes::{Identity, InodeTable, ROOT_INO};
 pub use node::{DirFds, Layer, Node, NodeState};
@@ -75,6 +77,8 @@ pub struct View {
     /// stop asking it (see [`View::set_remote_available`]).
     remote_available: std::sync::atomic::AtomicBool,
     pub inodes: InodeTable,
+    /// The quota roots; set `quotas` before serving to choose the errno of a full root.
+    pub quotas: Quotas,
     local_root: Arc<OwnedFd>,
     remote_root: Arc<OwnedFd>,
     /// Owner and times given to synthesized objects.
@@ -109,6 +113,7 @@ impl View {
             skeleton: Default::default(),
             remote_available: std::sync::atomic::AtomicBool::new(true),
             inodes: InodeTable::new(),
+            quotas: Quotas::new(Errno::ENOSPC),
             local_root: Arc::new(local_root),
             remote_root: Arc::new(remote_root),
             virtual_base,
@@ -408,8 +413,13 @@ impl View {
         Errno::result(unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&fd)) }).map(drop)
     }
 
-    pub fn statfs(&self) -> Result<nix::sys::statvfs::Statvfs, Errno> {
-        nix::sys::statvfs::fstatvfs(self.local_root.as_fd())
+    /// `statvfs` of local's filesystem.
+    pub fn statfs(&self) -> Result<libc::statvfs, Errno> {
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.local_root);
+        Errno::result(unsafe { libc::fstatvfs(fd, st.as_mut_ptr()) })?;
+        // Filled in by the successful call.
+        Ok(unsafe { st.assume_init() })
     }
 
     /// Opens a file for I/O, copying it up first when the open may write.
@@ -452,7 +462,7 @@ impl View {
 
 /// Validates a name the kernel sent; our temporary names are never part of the view.
 fn view_name(name: &OsStr) -> Result<std::ffi::CString, Errno> {
-    if marker::is_temp_name(name.as_bytes()) {
+    if marker::is_reserved_name(name.as_bytes()) {
         return Err(Errno::ENOENT);
     }
     if name.len() > 255 {

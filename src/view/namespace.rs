@@ -20,7 +20,10 @@ use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 
 use super::node::{Layer, Node};
+use super::quota::{dir_blocks, NEEDS_ROOM};
 use super::{local_identity, marker, view_name, Caller, Entry, Found, Stat, View};
+use crate::quota::scan::allocated;
+use crate::quota::table::QuotaRoot;
 use crate::store::{self, Kind};
 
 /// Keeps a node the kernel did not hand us for the duration of one operation.
@@ -37,6 +40,24 @@ impl Drop for Held<'_> {
 
 impl View {
     pub fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<(Entry, OwnedFd), Errno> {
+        let dir_node = self.dir(parent)?;
+        self.allocating(
+            &dir_node,
+            NEEDS_ROOM,
+            1,
+            || self.create_file(parent, name, mode, flags, caller),
+            |(entry, _)| allocated(&entry.stat),
+        )
+    }
+
+    fn create_file(
         &self,
         parent: u64,
         name: &OsStr,
@@ -64,6 +85,24 @@ impl View {
     }
 
     pub fn mkdir(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        caller: Caller,
+    ) -> Result<Entry, Errno> {
+        let dir_node = self.dir(parent)?;
+        let block = self.local_block_size();
+        self.allocating(
+            &dir_node,
+            block,
+            1,
+            || self.make_dir(parent, name, mode, caller),
+            |entry| allocated(&entry.stat),
+        )
+    }
+
+    fn make_dir(
         &self,
         parent: u64,
         name: &OsStr,
@@ -106,6 +145,24 @@ impl View {
         rdev: u32,
         caller: Caller,
     ) -> Result<Entry, Errno> {
+        let dir_node = self.dir(parent)?;
+        self.allocating(
+            &dir_node,
+            NEEDS_ROOM,
+            1,
+            || self.make_node(parent, name, mode, rdev, caller),
+            |entry| allocated(&entry.stat),
+        )
+    }
+
+    fn make_node(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<Entry, Errno> {
         let (parent, c, dir) = self.prepare_new(parent, name)?;
         let kind = SFlag::from_bits_truncate(mode & libc::S_IFMT);
         nix::sys::stat::mknodat(
@@ -138,6 +195,30 @@ impl View {
         target: &OsStr,
         caller: Caller,
     ) -> Result<Entry, Errno> {
+        let dir_node = self.dir(parent)?;
+        // Short targets live in the inode itself on most filesystems; longer ones take a
+        // block.
+        let estimate = if target.len() < 60 {
+            NEEDS_ROOM
+        } else {
+            self.local_block_size()
+        };
+        self.allocating(
+            &dir_node,
+            estimate,
+            1,
+            || self.make_symlink(parent, name, target, caller),
+            |entry| allocated(&entry.stat),
+        )
+    }
+
+    fn make_symlink(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        target: &OsStr,
+        caller: Caller,
+    ) -> Result<Entry, Errno> {
         let (parent, c, dir) = self.prepare_new(parent, name)?;
         nix::unistd::symlinkat(target, dir.as_fd(), c.as_c_str())?;
         let gid = self.new_gid(dir.as_fd(), caller)?;
@@ -160,7 +241,31 @@ impl View {
         if node.is_dir() {
             return Err(Errno::EPERM);
         }
-        self.copy_up(&node, true)?;
+        let dir_node = self.dir(new_parent)?;
+        // One inode cannot count against two roots: links across a root's boundary are
+        // refused, as between XFS projects.
+        if !self.quotas.is_empty() {
+            let from = node.primary().and_then(|(p, _)| self.quota_of(&p));
+            if !same_root(&from, &self.quota_of(&dir_node)) {
+                return Err(Errno::EXDEV);
+            }
+        }
+        self.allocating(
+            &dir_node,
+            NEEDS_ROOM,
+            0,
+            || self.make_link(&node, new_parent, new_name),
+            |_| 0,
+        )
+    }
+
+    fn make_link(
+        &self,
+        node: &Arc<Node>,
+        new_parent: u64,
+        new_name: &OsStr,
+    ) -> Result<Entry, Errno> {
+        self.copy_up(node, true)?;
         let (src_parent, src_name) = node.primary().ok_or(Errno::ESTALE)?;
         let src_dir = src_parent.dir_fds().local.ok_or(Errno::ESTALE)?;
         let (parent, c, dir) = self.prepare_new(new_parent, new_name)?;
@@ -196,7 +301,8 @@ impl View {
             return Err(Errno::ENOTEMPTY);
         }
         if let Some(local) = fds.local() {
-            clear_whiteouts(local)?;
+            let cleared = clear_whiteouts(local)?;
+            self.charge_inodes(&held.node, -(cleared as i64));
         }
         self.remove(&parent, name, &c, &held.node)
     }
@@ -249,12 +355,21 @@ impl View {
                     return Err(Errno::ENOTEMPTY);
                 }
                 if let Some(local) = fds.local() {
-                    clear_whiteouts(local)?;
+                    let cleared = clear_whiteouts(local)?;
+                    self.charge_inodes(&dst.node, -(cleared as i64));
                 }
             }
         }
+        let moving = self.plan_move(&src.node, &parent, &new_parent)?;
+        if exchange && moving.is_some() {
+            return Err(Errno::EXDEV);
+        }
+        let old_path = (src.node.is_dir() && !self.quotas.is_empty())
+            .then(|| self.rel_path(&src.node))
+            .flatten();
         let src_dir = parent.dir_fds().local.ok_or(Errno::ESTALE)?;
         let dst_dir = self.ensure_local_dir(&new_parent)?;
+        let dst_before = dir_blocks(dst_dir.as_fd());
         let src_below = self.exists_below(&parent, name, &c)?;
         let dst_below = self.exists_below(&new_parent, new_name, &new_c)?;
         if !exchange {
@@ -267,6 +382,7 @@ impl View {
                         new_c.as_c_str(),
                         UnlinkatFlags::NoRemoveDir,
                     )?;
+                    self.charge_inodes(&new_parent, -1);
                 }
             }
         }
@@ -299,9 +415,17 @@ impl View {
                     how,
                 )?;
                 marker::make_whiteout(src_dir.as_fd(), &c)?;
+                self.charge_inodes(&parent, 1);
             }
             other => other?,
         }
+        if how.contains(RenameFlags::RENAME_WHITEOUT) {
+            self.charge_inodes(&parent, 1);
+        }
+        if let Some(moving) = moving {
+            moving.commit();
+        }
+        self.charge_dir(&new_parent, dst_dir.as_fd(), dst_before, 0);
         // A directory arriving over a hidden remote directory must not merge with it.
         if src.node.is_dir() && dst_below {
             if let Some(fd) = src.node.dir_fds().local {
@@ -324,10 +448,14 @@ impl View {
             if st.st_nlink <= 1 || Kind::from_mode(st.st_mode) == Kind::Dir {
                 self.inodes.unbind(&local_identity(&st));
             }
+            self.credit_removed(self.quota_of(&new_parent), &dst.node, &st);
         }
-        let mut st = src.node.state();
-        st.remove_alias(parent.ino, name);
-        st.add_alias(&new_parent, new_name);
+        {
+            let mut st = src.node.state();
+            st.remove_alias(parent.ino, name);
+            st.add_alias(&new_parent, new_name);
+        }
+        self.renamed(&src.node, old_path);
         Ok(())
     }
 
@@ -347,6 +475,7 @@ impl View {
     /// Removes a name: its local entry if any, then a whiteout if something shows below.
     fn remove(&self, parent: &Arc<Node>, name: &OsStr, c: &CStr, node: &Node) -> Result<(), Errno> {
         let below = self.exists_below(parent, name, c)?;
+        let root = self.quota_of(parent);
         let fds = parent.dir_fds();
         if let Some(local) = fds.local() {
             if let Ok(st) = store::stat_at(local, c) {
@@ -361,17 +490,21 @@ impl View {
                         // shows through in between, even after a crash.
                         if self.whiteout_over(local, c).is_ok() {
                             self.forget_name(parent, name, node, &st);
+                            self.credit_removed(root.clone(), node, &st);
+                            self.charge_inodes(parent, 1);
                             return Ok(());
                         }
                     }
                     nix::unistd::unlinkat(local, c, how)?;
                     self.forget_name(parent, name, node, &st);
+                    self.credit_removed(root, node, &st);
                 }
             }
         }
         if below {
             let dir = self.ensure_local_dir(parent)?;
             marker::make_whiteout(dir.as_fd(), c)?;
+            self.charge_inodes(parent, 1);
             node.state().remove_alias(parent.ino, name);
         }
         Ok(())
@@ -420,7 +553,7 @@ impl View {
         name: &OsStr,
     ) -> Result<(Arc<Node>, std::ffi::CString, Arc<OwnedFd>), Errno> {
         let parent = self.dir(parent)?;
-        if marker::is_temp_name(std::os::unix::ffi::OsStrExt::as_bytes(name)) {
+        if marker::is_reserved_name(std::os::unix::ffi::OsStrExt::as_bytes(name)) {
             return Err(Errno::EPERM);
         }
         let c = view_name(name)?;
@@ -433,6 +566,7 @@ impl View {
         if let Ok(st) = store::stat_at(dir.as_fd(), &c) {
             if marker::hides(parent.zone, &st) {
                 nix::unistd::unlinkat(dir.as_fd(), c.as_c_str(), UnlinkatFlags::NoRemoveDir)?;
+                self.charge_inodes(&parent, -1);
             }
         }
         Ok((parent, c, dir))
@@ -487,15 +621,26 @@ fn give_to_caller(
     Ok(())
 }
 
-/// Deletes the whiteouts left in a local directory that shows no entries.
-fn clear_whiteouts(dir: BorrowedFd<'_>) -> Result<(), Errno> {
+/// Deletes the whiteouts left in a local directory that shows no entries; returns how
+/// many there were.
+fn clear_whiteouts(dir: BorrowedFd<'_>) -> Result<usize, Errno> {
+    let mut cleared = 0;
     for e in store::read_dir(dir)? {
         let Ok(c) = store::cname(&e.name) else {
             continue;
         };
-        if e.whiteout || marker::is_temp_name(c.to_bytes()) {
+        if e.whiteout || marker::is_reserved_name(c.to_bytes()) {
             nix::unistd::unlinkat(dir, c.as_c_str(), UnlinkatFlags::NoRemoveDir)?;
+            cleared += 1;
         }
     }
-    Ok(())
+    Ok(cleared)
+}
+
+fn same_root(a: &Option<Arc<QuotaRoot>>, b: &Option<Arc<QuotaRoot>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::zone::Zone;
+use crate::quota::table::QuotaRoot;
 use crate::store::Kind;
 
 /// Where an object's own data and attributes live.
@@ -49,6 +50,16 @@ pub struct NodeState {
     pub lookups: u64,
     /// Known to carry no `security.capability` attribute (see `attrs`).
     pub no_capability: bool,
+    /// The quota root this node is under, and the quota generation that answer holds for
+    /// (see `quota`).
+    pub quota: Option<(u64, Option<Arc<QuotaRoot>>)>,
+    /// Files under a quota root: allocated bytes when last measured.
+    pub blocks: Option<u64>,
+    /// How many opens of this file are live.
+    pub open_files: u32,
+    /// A file whose last name went while it was open: the root its space is credited to
+    /// at its last close.
+    pub orphan_of: Option<Arc<QuotaRoot>>,
 }
 
 impl Node {
@@ -102,6 +113,10 @@ impl NodeState {
             link: None,
             lookups: 0,
             no_capability: false,
+            quota: None,
+            blocks: None,
+            open_files: 0,
+            orphan_of: None,
         }
     }
 

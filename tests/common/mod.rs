@@ -639,3 +639,92 @@ pub fn image_json(id: &str, top: &str, names: &[&str]) -> String {
         names.join(",")
     )
 }
+
+// ---- Helpers for the quota tests: crashes, remounts, the control socket, local usage ----
+
+impl Mount {
+    /// The pid of a foreground daemon (`None` for a daemonized mount).
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Kills a foreground daemon with SIGKILL, as a crash would, and detaches its dead mount
+    /// (`fusermount3 -u -z`, falling back to `umount -l`). Afterwards the mount is down and
+    /// [`Mount::mount`] can mount the same trees again. Only for foreground mounts.
+    pub fn kill_daemon(&mut self) {
+        let mut child = self
+            .child
+            .take()
+            .expect("kill_daemon needs a foreground mount");
+        assert_eq!(
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) },
+            0,
+            "kill -9 of the daemon"
+        );
+        let _ = child.wait();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.mnt)
+                .stderr(Stdio::null())
+                .status();
+            if is_mounted(&self.mnt) {
+                let _ = Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.mnt)
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the dead mount at {} does not go away",
+                self.mnt.display()
+            );
+            if is_mounted(&self.mnt) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        self.mounted = false;
+    }
+
+    /// Waits (bounded) until the mount's control socket exists: a foreground mount shows up
+    /// in the mount table a moment before its control server starts.
+    pub fn wait_for_control(&self) {
+        let mnt = fs::canonicalize(&self.mnt).expect("canonical mountpoint");
+        let socket = layerfs::control::socket_path(&mnt);
+        eventually(10, &format!("control socket {}", socket.display()), || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        });
+    }
+}
+
+/// What a tree takes on disk, as `du` counts it: the sum of `st_blocks * 512` of every inode
+/// under `root` (the root included, hard links once, symlinks not followed), and the number
+/// of those inodes.
+pub fn allocated_under(root: &Path) -> (u64, u64) {
+    fn walk(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>, bytes: &mut u64) {
+        for e in fs::read_dir(dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display())) {
+            let path = e.unwrap().path();
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue; // gone meanwhile
+            };
+            if seen.insert((meta.dev(), meta.ino())) {
+                *bytes += meta.blocks() * 512;
+            }
+            if meta.file_type().is_dir() {
+                walk(&path, seen, bytes);
+            }
+        }
+    }
+    let meta =
+        fs::symlink_metadata(root).unwrap_or_else(|e| panic!("lstat {}: {e}", root.display()));
+    let mut seen = std::collections::HashSet::new();
+    seen.insert((meta.dev(), meta.ino()));
+    let mut bytes = meta.blocks() * 512;
+    if meta.file_type().is_dir() {
+        walk(root, &mut seen, &mut bytes);
+    }
+    (bytes, seen.len() as u64)
+}

@@ -1,0 +1,132 @@
+//! Usage of a directory tree in local, counted from disk: what a quota root holds after a
+//! crash, or when a quota is first set on a directory already in use.
+//!
+//! The count is the one the view keeps while it runs: `st_blocks` of every inode under the
+//! directory, the directory itself included and hard links counted once, plus the number
+//! of those inodes. The walk never follows a symlink and never leaves local's filesystem.
+
+use std::collections::HashSet;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use nix::errno::Errno;
+
+use super::table::Usage;
+use crate::store::{self, Kind};
+use crate::view::marker;
+
+/// Allocated bytes of one object, as its stat tells.
+pub fn allocated(st: &libc::stat) -> u64 {
+    (st.st_blocks.max(0) as u64) * 512
+}
+
+/// Walks the tree under `dir` (an `O_PATH` handle is enough) and adds up its usage.
+/// Entries that vanish during the walk are skipped.
+pub fn usage(dir: BorrowedFd<'_>) -> Result<Usage, Errno> {
+    let top = store::stat_fd(dir)?;
+    let mut seen = HashSet::new();
+    let mut total = Usage {
+        bytes: allocated(&top),
+        inodes: 1,
+    };
+    let mut pending: Vec<OwnedFd> = Vec::new();
+    walk(dir, top.st_dev, &mut seen, &mut total, &mut pending)?;
+    while let Some(sub) = pending.pop() {
+        match walk(sub.as_fd(), top.st_dev, &mut seen, &mut total, &mut pending) {
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
+
+fn walk(
+    dir: BorrowedFd<'_>,
+    dev: u64,
+    seen: &mut HashSet<u64>,
+    total: &mut Usage,
+    pending: &mut Vec<OwnedFd>,
+) -> Result<(), Errno> {
+    for entry in store::read_dir(dir)? {
+        let Ok(name) = store::cname(&entry.name) else {
+            continue;
+        };
+        // Copy-up's temporary files are the view's, in flight or left by a crash.
+        if marker::is_reserved_name(name.to_bytes()) {
+            continue;
+        }
+        let st = match store::stat_at(dir, &name) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => continue,
+            Err(e) => return Err(e),
+        };
+        if st.st_dev != dev {
+            continue;
+        }
+        let is_dir = Kind::from_mode(st.st_mode) == Kind::Dir;
+        if !is_dir && st.st_nlink > 1 && !seen.insert(st.st_ino) {
+            continue;
+        }
+        total.bytes += allocated(&st);
+        total.inodes += 1;
+        if is_dir {
+            match store::open_dir_at(dir, &name) {
+                Ok(fd) => pending.push(fd),
+                Err(Errno::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn du(path: &std::path::Path) -> Usage {
+        let mut seen = HashSet::new();
+        let mut total = Usage::default();
+        let mut stack = vec![path.to_owned()];
+        while let Some(p) = stack.pop() {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.nlink() > 1 && !m.is_dir() && !seen.insert(m.ino()) {
+                continue;
+            }
+            total.bytes += m.blocks() * 512;
+            total.inodes += 1;
+            if m.is_dir() {
+                for e in std::fs::read_dir(&p).unwrap() {
+                    stack.push(e.unwrap().path());
+                }
+            }
+        }
+        total
+    }
+
+    #[test]
+    fn counts_blocks_and_inodes_once_per_inode() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/b/data"), vec![7u8; 100_000]).unwrap();
+        std::fs::hard_link(root.join("a/b/data"), root.join("again")).unwrap();
+        std::os::unix::fs::symlink("a/b/data", root.join("link")).unwrap();
+        let sparse = std::fs::File::create(root.join("sparse")).unwrap();
+        sparse.set_len(1 << 30).unwrap();
+        let fd = crate::view::open_root(&root).unwrap();
+        let got = usage(fd.as_fd()).unwrap();
+        assert_eq!(got, du(&root));
+        // root, a, b, data (once), link, sparse.
+        assert_eq!(got.inodes, 6);
+        assert!(got.bytes < 1 << 20, "sparse space is free: {got:?}");
+    }
+
+    #[test]
+    fn temporary_names_are_not_counted() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join(".layerfs-tmp.x"), vec![1u8; 65_536]).unwrap();
+        let fd = crate::view::open_root(tmp.path()).unwrap();
+        assert_eq!(usage(fd.as_fd()).unwrap().inodes, 1);
+    }
+}

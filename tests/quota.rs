@@ -1,0 +1,1597 @@
+//! Quotas on real mounts (DESIGN §6): what a quota root lets through and what it refuses,
+//! on every path that allocates (write, fallocate, truncate, copy-up, create, link, rename),
+//! what it credits back, how `statfs` shows it, the `user.layerfs.quota` xattr and the
+//! `layerfs quota` commands, and that limit and usage survive a remount.
+//! Crashes (`kill -9` of the daemon) are in `tests/quota_crash.rs`.
+//!
+//! Usage is allocated space in local (`st_blocks`), so the figures are compared with what the
+//! local backing dir takes on disk ([`allocated_under`]), allowing [`SLACK`] for the blocks a
+//! filesystem adds for its own metadata (extent blocks, directory growth).
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::*;
+use serde_json::Value;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1 << 20;
+/// Blocks a filesystem may allocate for its own metadata beyond what the data needs.
+const SLACK: u64 = 64 * KIB;
+/// The most one write may overshoot by: one FUSE write in flight.
+const ONE_WRITE: u64 = MIB;
+
+// ---- Helpers ---------------------------------------------------------------------------
+
+/// One quota root as `layerfs quota get|set|list --json` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Quota {
+    path: String,
+    limit: u64,
+    used: u64,
+    available: u64,
+    inode_limit: Option<u64>,
+    inodes_used: u64,
+}
+
+fn parse_quota(v: &Value) -> Quota {
+    let num = |k: &str| {
+        v.get(k)
+            .unwrap_or_else(|| panic!("no {k:?} in {v}"))
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k:?} is not a number in {v}"))
+    };
+    let q = Quota {
+        path: v["path"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no \"path\" in {v}"))
+            .to_owned(),
+        limit: num("limit"),
+        used: num("used"),
+        available: num("available"),
+        inode_limit: match v.get("inode_limit") {
+            Some(Value::Null) => None,
+            Some(n) => Some(
+                n.as_u64()
+                    .unwrap_or_else(|| panic!("bad inode_limit in {v}")),
+            ),
+            None => panic!("no \"inode_limit\" in {v}"),
+        },
+        inodes_used: num("inodes_used"),
+    };
+    assert_eq!(
+        q.available,
+        q.limit.saturating_sub(q.used),
+        "available is limit - used in {v}"
+    );
+    q
+}
+
+/// `layerfs quota SUB MOUNTPOINT REST...`.
+fn quota_cmd(m: &Mount, sub: &str, rest: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("quota")
+        .arg(sub)
+        .arg(&m.mnt)
+        .args(rest)
+        .output()
+        .expect("run layerfs quota")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs a quota command that must succeed; its stdout.
+fn quota_ok(m: &Mount, sub: &str, rest: &[&str]) -> String {
+    let out = quota_cmd(m, sub, rest);
+    assert!(
+        out.status.success(),
+        "layerfs quota {sub} {rest:?} failed ({}): {}",
+        out.status,
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Runs a quota command that must fail with a one-line message; that line.
+fn quota_err(m: &Mount, sub: &str, rest: &[&str]) -> String {
+    let out = quota_cmd(m, sub, rest);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "layerfs quota {sub} {rest:?} succeeded: {}{err}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "layerfs quota {sub} {rest:?}: one line on stderr, got {err:?}"
+    );
+    err.trim_end().to_owned()
+}
+
+fn json_of(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s:?}"))
+}
+
+fn get(m: &Mount, rel: &str) -> Quota {
+    let q = parse_quota(&json_of(&quota_ok(m, "get", &[rel, "--json"])));
+    assert_eq!(q.path, rel);
+    q
+}
+
+fn set(m: &Mount, rel: &str, size: &str, extra: &[&str]) -> Quota {
+    let mut args = vec![rel, size];
+    args.extend_from_slice(extra);
+    args.push("--json");
+    let q = parse_quota(&json_of(&quota_ok(m, "set", &args)));
+    assert_eq!(q.path, rel);
+    q
+}
+
+fn list(m: &Mount) -> Vec<Quota> {
+    let v = json_of(&quota_ok(m, "list", &["--json"]));
+    let mut out: Vec<Quota> = v
+        .as_array()
+        .unwrap_or_else(|| panic!("quota list --json is not an array: {v}"))
+        .iter()
+        .map(parse_quota)
+        .collect();
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+fn used(m: &Mount, rel: &str) -> u64 {
+    get(m, rel).used
+}
+
+/// Polls until the usage of `rel` satisfies `ok` (credits for closed files arrive with the
+/// kernel's asynchronous RELEASE); returns it.
+fn used_until(m: &Mount, rel: &str, what: &str, ok: impl Fn(u64) -> bool) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let last = used(m, rel);
+        if ok(last) {
+            return last;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{rel}: {what}; usage stays at {last}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A fixture mount whose control socket is up.
+fn mount_with(opts: Options, prepare: impl FnOnce(&Path)) -> Mount {
+    let m = Mount::with(opts, prepare);
+    m.wait_for_control();
+    m
+}
+
+fn mount() -> Mount {
+    mount_with(Options::default(), |_| {})
+}
+
+/// Makes `overlay/<name>` and gives it a quota of `size`; its path in the view.
+fn root(m: &Mount, name: &str, size: &str, extra: &[&str]) -> PathBuf {
+    let dir = m.path(&format!("overlay/{name}"));
+    fs::create_dir_all(&dir).unwrap();
+    set(m, &format!("overlay/{name}"), size, extra);
+    dir
+}
+
+/// What the local backing dir of view path `rel` takes on disk.
+fn local_alloc(m: &Mount, rel: &str) -> u64 {
+    allocated_under(&m.local.join(rel)).0
+}
+
+fn assert_close(what: &str, a: u64, b: u64, tol: u64) {
+    assert!(
+        a.abs_diff(b) <= tol,
+        "{what}: {a} and {b} differ by {} (> {tol})",
+        a.abs_diff(b)
+    );
+}
+
+/// The quota's own figure agrees with what local takes on disk.
+fn assert_usage_matches_local(m: &Mount, rel: &str) -> Quota {
+    let q = get(m, rel);
+    assert_close(
+        &format!("usage of {rel} vs its local dir"),
+        q.used,
+        local_alloc(m, rel),
+        SLACK,
+    );
+    q
+}
+
+/// Deterministic, incompressible-looking bytes.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error()
+        .unwrap_or_else(|| panic!("not an OS error: {e}"))
+}
+
+fn errname(n: i32) -> String {
+    format!("{} ({n})", std::io::Error::from_raw_os_error(n))
+}
+
+fn assert_errno<T: std::fmt::Debug>(what: &str, r: std::io::Result<T>, want: i32) {
+    match r {
+        Ok(v) => panic!("{what}: succeeded ({v:?}), expected {}", errname(want)),
+        Err(e) => assert_eq!(
+            errno(&e),
+            want,
+            "{what}: got {}, expected {}",
+            errname(errno(&e)),
+            errname(want)
+        ),
+    }
+}
+
+/// Writes `chunk` bytes at a time from the file's offset until a write fails. A short write
+/// must be followed by a failing one. Returns the bytes written and the failure's errno;
+/// what was written is `pattern(chunk, 7)` over and over.
+fn fill(f: &mut fs::File, chunk: usize, cap: u64) -> (u64, i32) {
+    let data = pattern(chunk, 7);
+    let mut total = 0u64;
+    loop {
+        assert!(total <= cap, "wrote {total} bytes and no write failed");
+        match f.write(&data) {
+            Ok(0) => panic!("write returned 0 after {total} bytes"),
+            Ok(n) if n == chunk => total += n as u64,
+            Ok(n) => {
+                total += n as u64;
+                let e = f
+                    .write(&data[n..])
+                    .expect_err("after a short write, the next write fails");
+                return (total, errno(&e));
+            }
+            Err(e) => return (total, errno(&e)),
+        }
+    }
+}
+
+/// What [`fill`] wrote, `len` bytes of it.
+fn filled(chunk: usize, len: u64) -> Vec<u8> {
+    let data = pattern(chunk, 7);
+    let mut out = Vec::with_capacity(len as usize);
+    while (out.len() as u64) < len {
+        let n = (len as usize - out.len()).min(chunk);
+        out.extend_from_slice(&data[..n]);
+    }
+    out
+}
+
+/// Fills the root at `dir` with file `name` until a write fails; the bytes written.
+fn fill_root(dir: &Path, name: &str, want: i32) -> u64 {
+    let mut f = fs::File::create(dir.join(name)).unwrap();
+    let (n, e) = fill(&mut f, MIB as usize, 1 << 30);
+    assert_eq!(e, want, "filling {}: got {}", dir.display(), errname(e));
+    n
+}
+
+fn fallocate(f: &fs::File, mode: i32, off: u64, len: u64) -> std::io::Result<()> {
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn blocks(p: &Path) -> u64 {
+    fs::symlink_metadata(p).unwrap().blocks() * 512
+}
+
+fn write_file(p: &Path, len: usize, seed: u64) -> Vec<u8> {
+    let data = pattern(len, seed);
+    fs::write(p, &data).unwrap();
+    data
+}
+
+fn c_path(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+// ---- Writing until the quota is full ---------------------------------------------------
+
+/// `dd if=/dev/zero bs=1M` into an 8 MiB root stops with ENOSPC after about the room there was.
+fn dd_until_full(opts: Options) {
+    let m = mount_with(opts, |_| {});
+    let c1 = root(&m, "c1", "8M", &[]);
+    let before = get(&m, "overlay/c1");
+    assert_eq!(before.limit, 8 * MIB);
+    assert_eq!(before.inode_limit, None);
+    assert_eq!(before.inodes_used, 1, "the root dir itself is one inode");
+    assert_eq!(
+        before.used,
+        local_alloc(&m, "overlay/c1"),
+        "the root dir is counted"
+    );
+    let room = before.limit - before.used;
+
+    let f = c1.join("f");
+    let out = Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", f.display()))
+        .arg("bs=1M")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "dd did not fail: {err}");
+    assert!(err.contains("No space left on device"), "dd: {err}");
+
+    let written = fs::metadata(&f).unwrap().len();
+    assert!(
+        written <= room,
+        "dd wrote {written} bytes into {room} bytes of room"
+    );
+    assert!(
+        written + ONE_WRITE + SLACK >= room,
+        "dd stopped after {written} bytes with {room} bytes of room"
+    );
+    let q = assert_usage_matches_local(&m, "overlay/c1");
+    assert!(q.used <= q.limit + SLACK, "{q:?}");
+    assert!(
+        local_alloc(&m, "overlay/c1") <= q.limit + SLACK,
+        "local holds {} bytes under an 8 MiB quota",
+        local_alloc(&m, "overlay/c1")
+    );
+    // Nothing more fits: appending one more block fails too.
+    let mut a = fs::OpenOptions::new().append(true).open(&f).unwrap();
+    assert_errno(
+        "append of 4 KiB to a full root",
+        a.write(&[1u8; 4096]),
+        libc::ENOSPC,
+    );
+    assert_eq!(
+        fs::metadata(&f).unwrap().len(),
+        written,
+        "the file is unchanged"
+    );
+}
+
+#[test]
+fn dd_stops_with_enospc_at_the_limit() {
+    dd_until_full(Options::default());
+}
+
+#[test]
+fn dd_stops_with_enospc_at_the_limit_without_passthrough() {
+    dd_until_full(Options {
+        opts: "nopassthrough".into(),
+        ..Default::default()
+    });
+}
+
+#[test]
+fn a_write_that_partly_fits_is_short_and_the_file_keeps_what_was_written() {
+    let m = mount();
+    let c1 = root(&m, "c1", "4M", &[]);
+    let room = 4 * MIB - used(&m, "overlay/c1");
+    let p = c1.join("g");
+    let mut f = fs::File::create(&p).unwrap();
+    let (n, e) = fill(&mut f, MIB as usize, 64 * MIB);
+    assert_eq!(e, libc::ENOSPC, "got {}", errname(e));
+    assert!(n <= room && n + ONE_WRITE + SLACK >= room, "{n} of {room}");
+    // A failing write changed nothing: the file is exactly what the successful writes made.
+    assert_eq!(f.metadata().unwrap().len(), n);
+    drop(f);
+    assert!(fs::read(&p).unwrap() == filled(MIB as usize, n));
+    // A write at an offset past the end fails too, and does not extend the file.
+    let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+    assert_errno(
+        "pwrite past the end of a file in a full root",
+        nix::sys::uio::pwrite(&f, &[7u8; 8192], (n + 8 * MIB) as i64).map_err(std::io::Error::from),
+        libc::ENOSPC,
+    );
+    assert_eq!(f.metadata().unwrap().len(), n);
+    assert_usage_matches_local(&m, "overlay/c1");
+}
+
+#[test]
+fn a_zero_limit_allows_no_data() {
+    let m = mount();
+    let c1 = root(&m, "c1", "0", &[]);
+    assert_eq!(get(&m, "overlay/c1").limit, 0);
+    // Creating the (empty) file may already be refused; if not, writing to it is.
+    match fs::File::create(c1.join("f")) {
+        Ok(mut f) => {
+            assert_errno(
+                "write of 1 byte under a 0 quota",
+                f.write(b"x"),
+                libc::ENOSPC,
+            );
+            assert_eq!(f.metadata().unwrap().len(), 0);
+        }
+        Err(e) => assert_eq!(errno(&e), libc::ENOSPC, "create under a 0 quota: {e}"),
+    }
+}
+
+#[test]
+fn edquot_instead_of_enospc_with_the_mount_option() {
+    let m = mount_with(
+        Options {
+            opts: "quota_errno=edquot".into(),
+            ..Default::default()
+        },
+        |_| {},
+    );
+    let c1 = root(&m, "c1", "4M", &[]);
+    fill_root(&c1, "f", libc::EDQUOT);
+    let out = Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", c1.join("dd").display()))
+        .arg("bs=64K")
+        .arg("count=16")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("Disk quota exceeded"),
+        "dd: {}",
+        text(&out.stderr)
+    );
+    let g = fs::File::create(c1.join("g")).unwrap_or_else(|e| {
+        assert_eq!(errno(&e), libc::EDQUOT, "create in a full root: {e}");
+        fs::OpenOptions::new()
+            .write(true)
+            .open(c1.join("f"))
+            .unwrap()
+    });
+    assert_errno(
+        "fallocate in a full root",
+        fallocate(&g, 0, 0, MIB),
+        libc::EDQUOT,
+    );
+    assert_errno(
+        "mkdir in a full root",
+        fs::create_dir(c1.join("d")),
+        libc::EDQUOT,
+    );
+    // Outside any quota root nothing changes.
+    fs::write(m.path("overlay/free"), pattern(2 * MIB as usize, 3)).unwrap();
+}
+
+// ---- Sparse files, fallocate, truncate --------------------------------------------------
+
+#[test]
+fn a_sparse_file_costs_only_what_is_written() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    let before = used(&m, "overlay/c1");
+    let p = c1.join("sparse");
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    f.set_len(1 << 30).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().len(), 1 << 30);
+    let after_extend = used(&m, "overlay/c1");
+    assert!(
+        after_extend <= before + SLACK,
+        "a 1 GiB hole cost {} bytes",
+        after_extend - before
+    );
+    // Writing into the hole is charged.
+    let chunk = pattern(MIB as usize, 5);
+    nix::sys::uio::pwrite(&f, &chunk, 512 * MIB as i64).unwrap();
+    let one = used(&m, "overlay/c1");
+    assert!(
+        one >= after_extend + MIB && one <= after_extend + MIB + SLACK,
+        "1 MiB written into a hole: usage {after_extend} -> {one}"
+    );
+    // More holes filled, 1 MiB every 2 MiB, until the quota refuses.
+    let mut off = 0u64;
+    let mut wrote = MIB;
+    let e = loop {
+        assert!(off < 1 << 30, "the quota never refused");
+        match nix::sys::uio::pwrite(&f, &chunk, off as i64) {
+            Ok(n) if n == chunk.len() => wrote += n as u64,
+            Ok(n) => {
+                wrote += n as u64;
+                break nix::sys::uio::pwrite(&f, &chunk[n..], (off + n as u64) as i64)
+                    .expect_err("after a short write the next fails");
+            }
+            Err(e) => break e,
+        }
+        off += 2 * MIB;
+    };
+    assert_eq!(e, nix::errno::Errno::ENOSPC);
+    assert!(
+        wrote + ONE_WRITE + SLACK >= 8 * MIB - before,
+        "only {wrote} bytes fit in holes"
+    );
+    let q = assert_usage_matches_local(&m, "overlay/c1");
+    assert!(q.used <= q.limit + SLACK, "{q:?}");
+    assert_eq!(
+        fs::metadata(&p).unwrap().len(),
+        1 << 30,
+        "the size is unchanged"
+    );
+    let mut back = vec![0u8; MIB as usize];
+    nix::sys::uio::pread(&f, &mut back, 512 * MIB as i64).unwrap();
+    assert!(back == chunk);
+}
+
+#[test]
+fn overwriting_allocated_data_in_a_full_root_succeeds() {
+    let m = mount();
+    let c1 = root(&m, "c1", "4M", &[]);
+    let p = c1.join("f");
+    let n = fill_root(&c1, "f", libc::ENOSPC);
+    assert!(n >= MIB, "{n}");
+    // Rewriting blocks that are already allocated allocates nothing.
+    let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+    let new = pattern(MIB as usize, 99);
+    nix::sys::uio::pwrite(&f, &new, 0).expect("overwrite of allocated data in a full root");
+    drop(f);
+    let got = fs::read(&p).unwrap();
+    assert!(got[..MIB as usize] == new[..]);
+    assert_eq!(got.len() as u64, n);
+}
+
+#[test]
+fn fallocate_beyond_the_room_fails_and_allocates_nothing() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    let p = c1.join("f");
+    let data = write_file(&p, MIB as usize, 11);
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    let u0 = used(&m, "overlay/c1");
+    let b0 = blocks(&p);
+
+    assert_errno(
+        "fallocate 16 MiB",
+        fallocate(&f, 0, 0, 16 * MIB),
+        libc::ENOSPC,
+    );
+    assert_errno(
+        "fallocate KEEP_SIZE 16 MiB",
+        fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, MIB, 16 * MIB),
+        libc::ENOSPC,
+    );
+    assert_eq!(
+        used(&m, "overlay/c1"),
+        u0,
+        "a failed fallocate charges nothing"
+    );
+    assert_eq!(blocks(&p), b0, "a failed fallocate allocates nothing");
+    assert_eq!(fs::metadata(&p).unwrap().len(), MIB);
+    assert!(fs::read(&p).unwrap() == data);
+
+    // Within the room: the size grows, and so does usage.
+    fallocate(&f, 0, MIB, 4 * MIB).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().len(), 5 * MIB);
+    let u1 = used(&m, "overlay/c1");
+    assert_close("fallocate of 4 MiB", u1 - u0, 4 * MIB, SLACK);
+
+    // KEEP_SIZE allocates past the end without changing the size; charged all the same.
+    fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 5 * MIB, 2 * MIB).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().len(), 5 * MIB);
+    let u2 = used(&m, "overlay/c1");
+    assert_close("fallocate KEEP_SIZE of 2 MiB", u2 - u1, 2 * MIB, SLACK);
+    assert_usage_matches_local(&m, "overlay/c1");
+
+    // Punching a hole credits it back and leaves zeros.
+    fallocate(
+        &f,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        0,
+        4 * MIB,
+    )
+    .unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().len(), 5 * MIB);
+    let u3 = used(&m, "overlay/c1");
+    assert_close("punching 4 MiB", u2 - u3, 4 * MIB, SLACK);
+    let mut head = vec![1u8; 4 * MIB as usize];
+    (&f).seek(SeekFrom::Start(0)).unwrap();
+    (&f).read_exact(&mut head).unwrap();
+    assert!(
+        head.iter().all(|b| *b == 0),
+        "a punched hole reads as zeros"
+    );
+    assert_usage_matches_local(&m, "overlay/c1");
+    // And the room it frees can be allocated again.
+    fallocate(&f, 0, 0, 4 * MIB).unwrap();
+}
+
+#[test]
+fn fallocate_over_an_allocated_range_charges_only_the_new_blocks() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    let f = fs::File::create(c1.join("f")).unwrap();
+    fallocate(&f, 0, 0, 6 * MIB).unwrap();
+    let u = used(&m, "overlay/c1");
+    assert!(u + MIB < 8 * MIB, "{u}");
+    // 7 MiB over the 6 already allocated needs 1 MiB more, and there is room for that.
+    fallocate(&f, 0, 0, 7 * MIB).expect("fallocate needing 1 MiB with ~2 MiB of room");
+    assert_close("usage", used(&m, "overlay/c1"), u + MIB, SLACK);
+    assert_usage_matches_local(&m, "overlay/c1");
+}
+
+#[test]
+fn truncate_extends_for_free_and_shrinking_credits() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    let base = used(&m, "overlay/c1");
+    let p = c1.join("f");
+    let data = write_file(&p, 4 * MIB as usize, 21);
+    let u4 = used(&m, "overlay/c1");
+    assert_close("4 MiB written", u4 - base, 4 * MIB, SLACK);
+
+    // Extending makes a hole: free, even far past the limit.
+    nix::unistd::truncate(&p, 1 << 30).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().len(), 1 << 30);
+    assert_eq!(used(&m, "overlay/c1"), u4, "extending by truncate is free");
+    let out = Command::new("truncate")
+        .args(["-s", "2G"])
+        .arg(c1.join("g"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "truncate -s 2G: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(used(&m, "overlay/c1"), u4);
+
+    // Shrinking credits what it frees.
+    nix::unistd::truncate(&p, MIB as i64).unwrap();
+    let u1 = used(&m, "overlay/c1");
+    assert_close("shrinking 4 MiB -> 1 MiB", u4 - u1, 3 * MIB, SLACK);
+    assert!(fs::read(&p).unwrap() == data[..MIB as usize]);
+    nix::unistd::truncate(&p, 0).unwrap();
+    assert_close("shrinking to 0", used(&m, "overlay/c1"), base, SLACK);
+
+    // So does O_TRUNC.
+    write_file(&c1.join("h"), 2 * MIB as usize, 22);
+    let u2 = used(&m, "overlay/c1");
+    drop(fs::File::create(c1.join("h")).unwrap());
+    let u3 = used(&m, "overlay/c1");
+    assert_close("O_TRUNC of 2 MiB", u2 - u3, 2 * MIB, SLACK);
+    assert_usage_matches_local(&m, "overlay/c1");
+
+    // A full root can still extend a file by truncate.
+    fill_root(&c1, "full", libc::ENOSPC);
+    nix::unistd::truncate(&c1.join("h"), 100 * MIB as i64).expect("extend in a full root");
+}
+
+// ---- Copy-up into a quota root ----------------------------------------------------------
+
+fn l1_diff_rel() -> String {
+    format!("overlay/RO/{}/diff", id("L1"))
+}
+
+/// A dense 64 MiB file in the remote copy of L1's `diff/`.
+fn big_remote(remote: &Path) {
+    let p = remote.join(l1_diff_rel()).join("big.bin");
+    fs::write(p, pattern(64 * MIB as usize, 64)).unwrap();
+}
+
+fn sha(p: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let mut f = fs::File::open(p).unwrap();
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; MIB as usize];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    format!("{:x}", h.finalize())
+}
+
+fn assert_no_temp_names(root: &Path) {
+    for e in fs::read_dir(root).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(
+            !name.starts_with(".layerfs-tmp."),
+            "{name} left in {}",
+            root.display()
+        );
+        if e.file_type().unwrap().is_dir() {
+            assert_no_temp_names(&e.path());
+        }
+    }
+}
+
+/// Opens `p` with `opts` and writes one byte: the open or the write must fail with `want`.
+fn open_and_write_fails(what: &str, p: &Path, opts: &fs::OpenOptions, want: i32) {
+    match opts.open(p) {
+        Err(e) => assert_eq!(errno(&e), want, "{what}: open failed with {e}"),
+        Ok(mut f) => assert_errno(&format!("{what}: write"), f.write(b"!"), want),
+    }
+}
+
+#[test]
+fn a_64_mib_remote_file_does_not_copy_up_into_an_8_mib_quota() {
+    let m = mount_with(Options::default(), big_remote);
+    let rel = l1_diff_rel();
+    let q = set(&m, &rel, "8M", &[]);
+    assert_eq!(q.limit, 8 * MIB);
+    let before = q.used;
+    let view = m.path(&rel).join("big.bin");
+    let want = sha(&m.remote.join(&rel).join("big.bin"));
+    assert_eq!(sha(&view), want);
+
+    open_and_write_fails(
+        "O_WRONLY of a 64 MiB remote file",
+        &view,
+        fs::OpenOptions::new().write(true),
+        libc::ENOSPC,
+    );
+    open_and_write_fails(
+        "O_APPEND of a 64 MiB remote file",
+        &view,
+        fs::OpenOptions::new().append(true),
+        libc::ENOSPC,
+    );
+    open_and_write_fails(
+        "O_RDWR of a 64 MiB remote file",
+        &view,
+        fs::OpenOptions::new().read(true).write(true),
+        libc::ENOSPC,
+    );
+    // `echo >> file` from a shell fails the same way.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo x >> '{}'", view.display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("No space left on device"),
+        "sh: {}",
+        text(&out.stderr)
+    );
+
+    // The file is intact, nothing of it reached local, and usage did not move.
+    assert_eq!(fs::metadata(&view).unwrap().len(), 64 * MIB);
+    drop_caches();
+    assert_eq!(sha(&view), want, "the remote file reads back unchanged");
+    assert!(
+        fs::symlink_metadata(m.local.join(&rel).join("big.bin")).is_err(),
+        "a partial copy-up was left in local"
+    );
+    assert_no_temp_names(&m.local);
+    let after = get(&m, &rel);
+    assert_eq!(after.used, before, "usage after failed copy-ups");
+    assert_close("local under the root", local_alloc(&m, &rel), before, SLACK);
+}
+
+#[test]
+fn a_remote_file_that_fits_copies_up_and_is_charged() {
+    let m = mount();
+    let rel = l1_diff_rel();
+    let before = set(&m, &rel, "8M", &[]).used;
+    let view = m.path(&rel).join("etc/os-release");
+    let mut f = fs::OpenOptions::new().append(true).open(&view).unwrap();
+    f.write_all(b"QUOTA=1\n").unwrap();
+    drop(f);
+    assert!(m.local.join(&rel).join("etc/os-release").is_file());
+    let q = assert_usage_matches_local(&m, &rel);
+    assert!(
+        q.used >= before + 4096,
+        "a copy-up charged nothing: {before} -> {}",
+        q.used
+    );
+    assert!(q.inodes_used >= 2, "{q:?}");
+}
+
+#[test]
+fn o_trunc_of_a_big_remote_file_in_a_small_quota_copies_no_data() {
+    let m = mount_with(Options::default(), big_remote);
+    let rel = l1_diff_rel();
+    set(&m, &rel, "8M", &[]);
+    let view = m.path(&rel).join("big.bin");
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&view)
+        .expect("O_TRUNC needs no room for the old data");
+    f.write_all(b"small").unwrap();
+    drop(f);
+    assert_eq!(fs::read(&view).unwrap(), b"small");
+    assert_usage_matches_local(&m, &rel);
+}
+
+// ---- Concurrency -------------------------------------------------------------------------
+
+#[test]
+fn eight_parallel_writers_overshoot_by_at_most_one_write_each() {
+    let m = mount();
+    let c1 = root(&m, "c1", "32M", &[]);
+    let base = used(&m, "overlay/c1");
+    let limit = 32 * MIB;
+    let results: Vec<(u64, i32)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let p = c1.join(format!("w{i}"));
+                s.spawn(move || {
+                    let mut f = fs::File::create(p).unwrap();
+                    fill(&mut f, MIB as usize, 1 << 30)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (n, e)) in results.iter().enumerate() {
+        assert_eq!(
+            *e,
+            libc::ENOSPC,
+            "writer {i} after {n} bytes: {}",
+            errname(*e)
+        );
+    }
+    let written: u64 = results.iter().map(|r| r.0).sum();
+    let alloc = local_alloc(&m, "overlay/c1");
+    eprintln!(
+        "8 writers: {written} bytes written, {alloc} allocated under a {limit}-byte quota \
+         (overshoot {} bytes)",
+        alloc as i64 - limit as i64
+    );
+    assert!(
+        alloc <= limit + 8 * ONE_WRITE,
+        "8 writers allocated {alloc} bytes under a {limit}-byte quota"
+    );
+    assert!(
+        alloc + 8 * ONE_WRITE + SLACK >= limit,
+        "8 writers stopped at {alloc} bytes of a {limit}-byte quota"
+    );
+    let q = assert_usage_matches_local(&m, "overlay/c1");
+    assert!(q.used <= limit + 8 * ONE_WRITE, "{q:?}");
+    for i in 0..8 {
+        fs::remove_file(c1.join(format!("w{i}"))).unwrap();
+    }
+    // Nothing stays reserved once the writers are gone.
+    used_until(&m, "overlay/c1", "all space credited back", |u| {
+        u <= base + SLACK
+    });
+    assert_usage_matches_local(&m, "overlay/c1");
+}
+
+// ---- Crediting space back ----------------------------------------------------------------
+
+#[test]
+fn unlink_credits_the_space_back() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    let base = used(&m, "overlay/c1");
+    fill_root(&c1, "a", libc::ENOSPC);
+    assert_errno(
+        "write into a full root",
+        fs::write(c1.join("b"), [1u8; 8192]),
+        libc::ENOSPC,
+    );
+    fs::remove_file(c1.join("a")).unwrap();
+    used_until(&m, "overlay/c1", "unlink credits", |u| u <= base + SLACK);
+    fs::write(c1.join("b"), pattern(4 * MIB as usize, 1)).expect("room after an unlink");
+
+    // A file with two links is credited when the last one goes.
+    fs::hard_link(c1.join("b"), c1.join("b2")).unwrap();
+    let two = used(&m, "overlay/c1");
+    fs::remove_file(c1.join("b")).unwrap();
+    assert_eq!(used(&m, "overlay/c1"), two, "one link of two is gone");
+    fs::remove_file(c1.join("b2")).unwrap();
+    used_until(&m, "overlay/c1", "the last link credits", |u| {
+        u <= base + SLACK
+    });
+    // Removing a directory credits its block.
+    fs::create_dir(c1.join("d")).unwrap();
+    let with_dir = used(&m, "overlay/c1");
+    assert!(with_dir >= base + 4096, "mkdir charged nothing");
+    fs::remove_dir(c1.join("d")).unwrap();
+    used_until(&m, "overlay/c1", "rmdir credits", |u| u < with_dir);
+    assert_usage_matches_local(&m, "overlay/c1");
+}
+
+#[test]
+fn an_open_unlinked_file_is_credited_at_its_last_close() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    let base = used(&m, "overlay/c1");
+    let p = c1.join("f");
+    let mut w = fs::File::create(&p).unwrap();
+    w.write_all(&pattern(4 * MIB as usize, 2)).unwrap();
+    let r = fs::File::open(&p).unwrap();
+    fs::remove_file(&p).unwrap();
+    assert!(!p.exists());
+    let u = used(&m, "overlay/c1");
+    assert!(
+        u >= base + 4 * MIB,
+        "an open unlinked file still takes its space: {u}"
+    );
+    // It can still grow, and that is charged (and limited).
+    w.write_all(&pattern(MIB as usize, 3)).unwrap();
+    assert!(used(&m, "overlay/c1") >= base + 5 * MIB);
+    let (_, e) = fill(&mut w, MIB as usize, 1 << 30);
+    assert_eq!(e, libc::ENOSPC, "{}", errname(e));
+    drop(w);
+    // One handle is still open.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        used(&m, "overlay/c1") >= base + 5 * MIB,
+        "credited while a handle is still open"
+    );
+    let mut head = [0u8; 16];
+    (&r).read_exact(&mut head).unwrap();
+    assert_eq!(head[..], pattern(16, 2)[..]);
+    drop(r);
+    used_until(&m, "overlay/c1", "credited at the last close", |u| {
+        u <= base + SLACK
+    });
+    assert_usage_matches_local(&m, "overlay/c1");
+}
+
+// ---- statfs ------------------------------------------------------------------------------
+
+fn df_b1(p: &Path) -> (u64, u64, u64) {
+    let out = Command::new("df")
+        .args(["-B1", "--output=size,used,avail"])
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "df: {}", text(&out.stderr));
+    let s = text(&out.stdout);
+    let nums: Vec<u64> = s
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("df printed {s:?}"))
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    (nums[0], nums[1], nums[2])
+}
+
+#[test]
+fn statfs_inside_a_root_shows_the_quota() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    fs::create_dir(c1.join("sub")).unwrap();
+    write_file(&c1.join("sub/f"), 3 * MIB as usize, 4);
+    let q = get(&m, "overlay/c1");
+    for p in [c1.clone(), c1.join("sub"), c1.join("sub/f")] {
+        let st = nix::sys::statvfs::statvfs(&p).unwrap();
+        let frsize = if st.fragment_size() > 0 {
+            st.fragment_size()
+        } else {
+            st.block_size()
+        };
+        let what = format!("statfs of {}", p.display());
+        assert_close(
+            &format!("{what}: total"),
+            st.blocks() * frsize,
+            q.limit,
+            frsize - 1,
+        );
+        assert_close(
+            &format!("{what}: available"),
+            st.blocks_available() * frsize,
+            q.limit - q.used,
+            frsize - 1,
+        );
+        assert_close(
+            &format!("{what}: free"),
+            st.blocks_free() * frsize,
+            q.limit - q.used,
+            frsize - 1,
+        );
+    }
+    let (size, usedb, avail) = df_b1(&c1);
+    assert_close("df size", size, q.limit, 4096);
+    assert_close("df used", usedb, q.used, 4096);
+    assert_close("df avail", avail, q.limit - q.used, 4096);
+
+    // Full: nothing available.
+    fill_root(&c1, "full", libc::ENOSPC);
+    let st = nix::sys::statvfs::statvfs(&c1).unwrap();
+    assert!(
+        st.blocks_available() * st.fragment_size().max(1) < 2 * 4096,
+        "a full root shows {} blocks available",
+        st.blocks_available()
+    );
+
+    // Outside any root: the local filesystem's figures.
+    let outside = nix::sys::statvfs::statvfs(&m.path("overlay")).unwrap();
+    let local = nix::sys::statvfs::statvfs(&m.local).unwrap();
+    assert_eq!(
+        outside.blocks() * outside.fragment_size(),
+        local.blocks() * local.fragment_size(),
+        "statfs outside a quota root is local's"
+    );
+}
+
+// ---- The xattr interface -----------------------------------------------------------------
+
+const XATTR: &str = "user.layerfs.quota";
+
+fn xattr_limit(p: &Path) -> std::io::Result<u64> {
+    xattr_get(p, XATTR).map(|v| {
+        String::from_utf8(v)
+            .unwrap()
+            .trim()
+            .parse()
+            .expect("the quota xattr reads as decimal bytes")
+    })
+}
+
+#[test]
+fn the_quota_xattr_sets_gets_and_clears() {
+    let m = mount();
+    let x = m.path("overlay/x");
+    fs::create_dir(&x).unwrap();
+    assert_errno(
+        "get on a dir without quota",
+        xattr_get(&x, XATTR),
+        libc::ENODATA,
+    );
+
+    xattr_set(&x, XATTR, b"10M").unwrap();
+    assert_eq!(xattr_get(&x, XATTR).unwrap(), b"10485760");
+    let q = get(&m, "overlay/x");
+    assert_eq!((q.limit, q.inode_limit), (10 * MIB, None));
+    for (value, bytes) in [
+        ("8388608", 8388608u64),
+        ("1Gi", 1 << 30),
+        ("512KiB", 512 * KIB),
+        ("3G", 3 << 30),
+        ("4096", 4096),
+    ] {
+        xattr_set(&x, XATTR, value.as_bytes()).unwrap();
+        assert_eq!(xattr_limit(&x).unwrap(), bytes, "{value}");
+        assert_eq!(get(&m, "overlay/x").limit, bytes, "{value}");
+    }
+    xattr_set(&x, XATTR, b"8M").unwrap();
+    for bad in ["ten", "10Q", "-1", "1.5G", "10 M"] {
+        assert_errno(
+            &format!("setting {bad:?}"),
+            xattr_set(&x, XATTR, bad.as_bytes()),
+            libc::EINVAL,
+        );
+        assert_eq!(xattr_limit(&x).unwrap(), 8 * MIB, "after {bad:?}");
+    }
+
+    // An empty value clears it.
+    xattr_set(&x, XATTR, b"").unwrap();
+    assert_errno("get after clearing", xattr_get(&x, XATTR), libc::ENODATA);
+    assert!(list(&m).iter().all(|q| q.path != "overlay/x"));
+    // So does removing it.
+    xattr_set(&x, XATTR, b"2M").unwrap();
+    assert!(list(&m).iter().any(|q| q.path == "overlay/x"));
+    xattr_remove(&x, XATTR).unwrap();
+    assert_errno("get after removing", xattr_get(&x, XATTR), libc::ENODATA);
+    assert!(list(&m).iter().all(|q| q.path != "overlay/x"));
+    // Unlimited again.
+    fs::write(x.join("big"), pattern(4 * MIB as usize, 1)).unwrap();
+    assert_errno("removing it again", xattr_remove(&x, XATTR), libc::ENODATA);
+
+    // Not on a file.
+    let f = m.path("overlay/file");
+    fs::write(&f, "x").unwrap();
+    let e = xattr_set(&f, XATTR, b"1M").expect_err("a quota on a file");
+    assert!(
+        [libc::ENOTDIR, libc::EINVAL].contains(&errno(&e)),
+        "quota xattr on a file: {e}"
+    );
+}
+
+#[test]
+fn a_quota_set_by_xattr_is_enforced() {
+    let m = mount();
+    let y = m.path("overlay/y");
+    fs::create_dir(&y).unwrap();
+    xattr_set(&y, XATTR, b"2M").unwrap();
+    let n = fill_root(&y, "f", libc::ENOSPC);
+    assert!(n <= 2 * MIB && n + ONE_WRITE + SLACK >= 2 * MIB, "{n}");
+    xattr_set(&y, XATTR, b"0").unwrap();
+    assert_eq!(
+        xattr_get(&y, XATTR).unwrap(),
+        b"0",
+        "0 is a limit, not unset"
+    );
+}
+
+#[test]
+fn nested_quota_roots_are_refused_by_xattr() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    fs::create_dir(c1.join("sub")).unwrap();
+    assert_errno(
+        "a quota inside a quota root",
+        xattr_set(&c1.join("sub"), XATTR, b"1M"),
+        libc::EBUSY,
+    );
+    fs::create_dir_all(m.path("overlay/p/c")).unwrap();
+    set(&m, "overlay/p/c", "1M", &[]);
+    assert_errno(
+        "a quota above a quota root",
+        xattr_set(&m.path("overlay/p"), XATTR, b"1G"),
+        libc::EBUSY,
+    );
+    assert_errno(
+        "no quota was set above",
+        xattr_get(&m.path("overlay/p"), XATTR),
+        libc::ENODATA,
+    );
+    // Changing the limit of a root is not nesting.
+    xattr_set(&c1, XATTR, b"16M").unwrap();
+    assert_eq!(get(&m, "overlay/c1").limit, 16 * MIB);
+}
+
+/// Runs `lsetxattr` (or `lremovexattr` when `value` is `None`) as uid/gid 65534 in a forked
+/// child; 0 or the errno.
+fn xattr_as_nobody(p: &Path, name: &str, value: Option<&[u8]>) -> i32 {
+    let (cp, cn) = (c_path(p), CString::new(name).unwrap());
+    // Only async-signal-safe calls between fork and _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        unsafe {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
+                libc::_exit(255);
+            }
+            let r = match value {
+                Some(v) => libc::lsetxattr(cp.as_ptr(), cn.as_ptr(), v.as_ptr().cast(), v.len(), 0),
+                None => libc::lremovexattr(cp.as_ptr(), cn.as_ptr()),
+            };
+            libc::_exit(if r == 0 { 0 } else { *libc::__errno_location() });
+        }
+    }
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status));
+    let code = libc::WEXITSTATUS(status);
+    assert_ne!(code, 255, "could not become nobody");
+    code
+}
+
+/// A quota is a limit the user it limits must not lift (DESIGN §11: the daemon never lets a
+/// caller do what the kernel would refuse them; the kernel refuses non-root changes to a
+/// project quota). On a root they own, where the kernel lets them write other `user.*`
+/// xattrs, an unprivileged user can neither raise nor clear it.
+#[test]
+fn an_unprivileged_owner_cannot_raise_or_clear_a_quota_by_xattr() {
+    let m = mount();
+    let c1 = root(&m, "c1", "1M", &[]);
+    std::os::unix::fs::chown(&c1, Some(65534), Some(65534)).unwrap();
+    // The kernel lets the owner write an ordinary user xattr there.
+    assert_eq!(xattr_as_nobody(&c1, "user.other", Some(b"v")), 0);
+    for (what, value) in [
+        ("raise it to 1T", Some(&b"1T"[..])),
+        ("clear it with an empty value", Some(&b""[..])),
+        ("remove it", None),
+    ] {
+        let e = xattr_as_nobody(&c1, XATTR, value);
+        assert!(
+            e == libc::EPERM || e == libc::EACCES,
+            "nobody could {what}: {}",
+            if e == 0 {
+                "succeeded".into()
+            } else {
+                errname(e)
+            }
+        );
+    }
+    assert_eq!(get(&m, "overlay/c1").limit, MIB);
+    assert_eq!(xattr_limit(&c1).unwrap(), MIB);
+}
+
+// ---- The CLI -----------------------------------------------------------------------------
+
+#[test]
+fn cli_set_get_list_clear() {
+    let m = mount();
+    fs::create_dir(m.path("overlay/c1")).unwrap();
+    fs::create_dir(m.path("overlay/c2")).unwrap();
+    write_file(&m.path("overlay/c2/existing"), MIB as usize, 1);
+
+    let q1 = set(&m, "overlay/c1", "8M", &[]);
+    assert_eq!(
+        q1,
+        Quota {
+            path: "overlay/c1".into(),
+            limit: 8388608,
+            used: local_alloc(&m, "overlay/c1"),
+            available: 8388608 - local_alloc(&m, "overlay/c1"),
+            inode_limit: None,
+            inodes_used: 1,
+        }
+    );
+    // Setting a quota on a dir with content counts what is already there.
+    let q2 = set(&m, "overlay/c2", "1GiB", &["--inodes", "100"]);
+    assert_eq!(q2.limit, 1 << 30);
+    assert_eq!(q2.inode_limit, Some(100));
+    assert_eq!(q2.inodes_used, 2);
+    assert_eq!(q2.used, local_alloc(&m, "overlay/c2"));
+    assert!(q2.used >= MIB + 4096, "{q2:?}");
+
+    assert_eq!(get(&m, "overlay/c1"), q1);
+    assert_eq!(get(&m, "overlay/c2"), q2);
+    assert_eq!(list(&m), vec![q1.clone(), q2.clone()]);
+
+    // The human forms.
+    let out = quota_ok(&m, "get", &["overlay/c1"]);
+    assert!(out.contains("overlay/c1"), "{out}");
+    let out = quota_ok(&m, "list", &[]);
+    assert!(
+        out.contains("overlay/c1") && out.contains("overlay/c2"),
+        "{out}"
+    );
+
+    // Every size form, 1024-based.
+    for (size, bytes) in [
+        ("512K", 512 * KIB),
+        ("2Mi", 2 * MIB),
+        ("3MiB", 3 * MIB),
+        ("1G", 1 << 30),
+        ("2T", 2 << 40),
+        ("123456", 123456),
+        ("8M", 8 * MIB),
+    ] {
+        assert_eq!(set(&m, "overlay/c1", size, &[]).limit, bytes, "{size}");
+    }
+    // --ignore-failed changes nothing where quotas are supported.
+    let q = set(&m, "overlay/c1", "6M", &["--ignore-failed"]);
+    assert_eq!(q.limit, 6 * MIB);
+    assert_eq!(xattr_limit(&m.path("overlay/c1")).unwrap(), 6 * MIB);
+    // Without --json, set and clear print at most a line or two and succeed.
+    quota_ok(&m, "set", &["overlay/c1", "8M"]);
+    assert_eq!(get(&m, "overlay/c1").limit, 8 * MIB);
+
+    // Clearing: gone from the list and the xattr, and no longer enforced.
+    quota_ok(&m, "clear", &["overlay/c1"]);
+    assert_eq!(list(&m), vec![get(&m, "overlay/c2")]);
+    assert_errno(
+        "xattr after clear",
+        xattr_get(&m.path("overlay/c1"), XATTR),
+        libc::ENODATA,
+    );
+    let out = quota_cmd(&m, "get", &["overlay/c1", "--json"]);
+    if out.status.success() {
+        let v = json_of(&text(&out.stdout));
+        assert!(v["limit"].is_null(), "get after clear: {v}");
+    } else {
+        assert_eq!(text(&out.stderr).trim_end().lines().count(), 1);
+    }
+    write_file(&m.path("overlay/c1/big"), 10 * MIB as usize, 5);
+}
+
+#[test]
+fn cli_errors() {
+    let m = mount();
+    fs::write(m.path("overlay/file"), "x").unwrap();
+    let e = quota_err(&m, "set", &["overlay/file", "8M"]);
+    assert!(e.to_lowercase().contains("director"), "{e}");
+    quota_err(&m, "set", &["overlay/nope", "8M"]);
+    quota_err(&m, "get", &["overlay/nope"]);
+    fs::create_dir(m.path("overlay/c1")).unwrap();
+    // ("-1" is left to the xattr test: a command line parser may take it for an option.)
+    for bad in ["ten", "10Q", "1.5G", "12 M"] {
+        let e = quota_err(&m, "set", &["overlay/c1", bad]);
+        assert!(e.contains(bad), "the message names the bad size: {e}");
+    }
+    let out = quota_cmd(&m, "set", &["overlay/c1", "8M", "--inodes", "many"]);
+    assert!(!out.status.success(), "--inodes many was accepted");
+    assert!(list(&m).is_empty(), "a failed set left a quota");
+    assert_errno(
+        "xattr after failed sets",
+        xattr_get(&m.path("overlay/c1"), XATTR),
+        libc::ENODATA,
+    );
+    // Outside the mount.
+    quota_err(&m, "set", &["../../..", "8M"]);
+    quota_err(&m, "set", &["/etc", "8M"]);
+    // Nested, both ways: the message names the other root.
+    set(&m, "overlay/c1", "8M", &[]);
+    fs::create_dir(m.path("overlay/c1/sub")).unwrap();
+    let e = quota_err(&m, "set", &["overlay/c1/sub", "1M"]);
+    assert!(e.contains("overlay/c1"), "{e}");
+    fs::create_dir_all(m.path("overlay/p/c")).unwrap();
+    set(&m, "overlay/p/c", "1M", &[]);
+    let e = quota_err(&m, "set", &["overlay/p", "1G"]);
+    assert!(e.contains("overlay/p/c"), "{e}");
+    assert_eq!(list(&m).len(), 2);
+    // Not a layerfs mount.
+    let out = Command::new(BIN)
+        .args(["quota", "list"])
+        .arg(m.dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(text(&out.stderr).trim_end().lines().count(), 1);
+}
+
+// ---- Inodes ------------------------------------------------------------------------------
+
+#[test]
+fn the_inode_limit_counts_every_new_inode() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &["--inodes", "5"]);
+    let q = get(&m, "overlay/c1");
+    assert_eq!((q.inode_limit, q.inodes_used), (Some(5), 1));
+    fs::write(c1.join("f1"), "1").unwrap();
+    fs::create_dir(c1.join("d1")).unwrap();
+    std::os::unix::fs::symlink("f1", c1.join("s1")).unwrap();
+    nix::unistd::mkfifo(
+        &c1.join("p1"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    assert_eq!(get(&m, "overlay/c1").inodes_used, 5);
+
+    assert_errno("create", fs::File::create(c1.join("f2")), libc::ENOSPC);
+    assert_errno("mkdir", fs::create_dir(c1.join("d2")), libc::ENOSPC);
+    assert_errno(
+        "symlink",
+        std::os::unix::fs::symlink("f1", c1.join("s2")),
+        libc::ENOSPC,
+    );
+    assert_errno(
+        "mkfifo",
+        nix::unistd::mkfifo(
+            &c1.join("p2"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .map_err(std::io::Error::from),
+        libc::ENOSPC,
+    );
+    assert!(!c1.join("f2").exists() && !c1.join("d2").exists());
+    // A hard link is no new inode.
+    fs::hard_link(c1.join("f1"), c1.join("d1/f1-again")).unwrap();
+    assert_eq!(get(&m, "overlay/c1").inodes_used, 5);
+
+    fs::remove_file(c1.join("p1")).unwrap();
+    let q = get(&m, "overlay/c1");
+    assert_eq!(q.inodes_used, 4);
+    fs::write(c1.join("f2"), "2").expect("room for one inode again");
+    assert_eq!(get(&m, "overlay/c1").inodes_used, 5);
+    assert_eq!(allocated_under(&m.local.join("overlay/c1")).1, 5);
+}
+
+#[test]
+fn a_full_root_refuses_mkdir_and_symlinks_that_need_a_block() {
+    let m = mount();
+    let c1 = root(&m, "c1", "4M", &[]);
+    fill_root(&c1, "full", libc::ENOSPC);
+    assert_errno("mkdir", fs::create_dir(c1.join("d")), libc::ENOSPC);
+    let long = "t".repeat(300);
+    assert_errno(
+        "symlink with a 300-byte target",
+        std::os::unix::fs::symlink(&long, c1.join("s")),
+        libc::ENOSPC,
+    );
+    assert!(!c1.join("d").exists());
+    assert!(fs::symlink_metadata(c1.join("s")).is_err());
+    let q = get(&m, "overlay/c1");
+    assert!(q.used <= q.limit + SLACK, "{q:?}");
+}
+
+/// DESIGN §6 lists create/mkdir/symlink/mknod among the calls a full root refuses, even
+/// when the object needs no data block.
+#[test]
+fn a_full_root_refuses_new_inodes() {
+    let m = mount();
+    let c1 = root(&m, "c1", "4M", &[]);
+    fill_root(&c1, "full", libc::ENOSPC);
+    assert_errno("create", fs::File::create(c1.join("f")), libc::ENOSPC);
+    assert_errno(
+        "short symlink",
+        std::os::unix::fs::symlink("x", c1.join("s")),
+        libc::ENOSPC,
+    );
+    assert_errno(
+        "mkfifo",
+        nix::unistd::mkfifo(
+            &c1.join("p"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .map_err(std::io::Error::from),
+        libc::ENOSPC,
+    );
+}
+
+// ---- Hard links and renames --------------------------------------------------------------
+
+#[test]
+fn hard_links_across_root_boundaries_fail_with_exdev() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    let c2 = root(&m, "c2", "8M", &[]);
+    let out = m.path("overlay/outside");
+    fs::create_dir(&out).unwrap();
+    write_file(&c1.join("f"), MIB as usize, 1);
+    write_file(&out.join("g"), MIB as usize, 2);
+    let (u1_before, u2) = (used(&m, "overlay/c1"), used(&m, "overlay/c2"));
+
+    assert_errno(
+        "link root -> other root",
+        fs::hard_link(c1.join("f"), c2.join("f")),
+        libc::EXDEV,
+    );
+    assert_errno(
+        "link root -> outside",
+        fs::hard_link(c1.join("f"), out.join("f")),
+        libc::EXDEV,
+    );
+    assert_errno(
+        "link outside -> root",
+        fs::hard_link(out.join("g"), c1.join("g")),
+        libc::EXDEV,
+    );
+    assert!(!c2.join("f").exists() && !out.join("f").exists() && !c1.join("g").exists());
+
+    // Inside one root a link is free.
+    fs::create_dir(c1.join("sub")).unwrap();
+    let u1 = used(&m, "overlay/c1");
+    assert!(u1 > u1_before, "mkdir charged nothing");
+    fs::hard_link(c1.join("f"), c1.join("sub/f2")).unwrap();
+    assert_eq!(used(&m, "overlay/c1"), u1);
+    assert_eq!(used(&m, "overlay/c2"), u2);
+    assert_usage_matches_local(&m, "overlay/c1");
+}
+
+#[test]
+fn rename_into_a_full_root_fails_and_moves_nothing() {
+    let m = mount();
+    let c1 = root(&m, "c1", "4M", &[]);
+    fill_root(&c1, "full", libc::ENOSPC);
+    let u = used(&m, "overlay/c1");
+    let out = m.path("overlay/outside");
+    fs::create_dir(&out).unwrap();
+    let data = write_file(&out.join("f"), 2 * MIB as usize, 3);
+    assert_errno(
+        "rename of a 2 MiB file into a full root",
+        fs::rename(out.join("f"), c1.join("f")),
+        libc::ENOSPC,
+    );
+    assert!(
+        fs::read(out.join("f")).unwrap() == data,
+        "the source is intact"
+    );
+    assert!(!c1.join("f").exists());
+    assert_eq!(used(&m, "overlay/c1"), u);
+    // A directory with content does not fit either.
+    fs::create_dir(out.join("d")).unwrap();
+    write_file(&out.join("d/x"), MIB as usize, 4);
+    assert_errno(
+        "rename of a directory into a full root",
+        fs::rename(out.join("d"), c1.join("d")),
+        libc::ENOSPC,
+    );
+    assert!(out.join("d/x").is_file());
+    // Renames inside the full root cost nothing.
+    fs::rename(c1.join("full"), c1.join("still-full")).unwrap();
+    assert_eq!(used(&m, "overlay/c1"), u);
+}
+
+#[test]
+fn rename_moves_usage_between_roots() {
+    let m = mount();
+    let c2 = root(&m, "c2", "8M", &[]);
+    let c3 = root(&m, "c3", "8M", &[]);
+    let out = m.path("overlay/outside");
+    fs::create_dir(&out).unwrap();
+    let (b2, b3) = (used(&m, "overlay/c2"), used(&m, "overlay/c3"));
+    let data = write_file(&out.join("f"), 2 * MIB as usize, 5);
+
+    fs::rename(out.join("f"), c2.join("f")).unwrap();
+    assert_close(
+        "c2 after a 2 MiB file moved in",
+        used(&m, "overlay/c2"),
+        b2 + 2 * MIB,
+        SLACK,
+    );
+    assert_eq!(get(&m, "overlay/c2").inodes_used, 2);
+    fs::rename(c2.join("f"), c3.join("f")).unwrap();
+    assert_close("c2 after it moved on", used(&m, "overlay/c2"), b2, SLACK);
+    assert_close(
+        "c3 after it moved in",
+        used(&m, "overlay/c3"),
+        b3 + 2 * MIB,
+        SLACK,
+    );
+    fs::rename(c3.join("f"), out.join("f")).unwrap();
+    assert_close("c3 after it moved out", used(&m, "overlay/c3"), b3, SLACK);
+    assert!(fs::read(out.join("f")).unwrap() == data);
+
+    // Replacing a file credits the one replaced.
+    write_file(&c2.join("old"), 3 * MIB as usize, 6);
+    fs::rename(out.join("f"), c2.join("old")).unwrap();
+    used_until(&m, "overlay/c2", "the replaced file is credited", |u| {
+        u.abs_diff(b2 + 2 * MIB) <= SLACK
+    });
+
+    // A whole tree moves with its usage and inodes.
+    fs::create_dir_all(out.join("d/e")).unwrap();
+    write_file(&out.join("d/x"), MIB as usize, 7);
+    write_file(&out.join("d/e/y"), MIB as usize, 8);
+    let before = get(&m, "overlay/c3");
+    fs::rename(out.join("d"), c3.join("d")).unwrap();
+    let after = assert_usage_matches_local(&m, "overlay/c3");
+    assert!(
+        after.used >= before.used + 2 * MIB + 2 * 4096,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(after.inodes_used, before.inodes_used + 4);
+    assert_usage_matches_local(&m, "overlay/c2");
+}
+
+#[test]
+fn renaming_a_directory_holding_a_root_into_another_root_fails_exdev() {
+    let m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    fs::create_dir_all(m.path("overlay/p/c")).unwrap();
+    set(&m, "overlay/p/c", "1M", &[]);
+    assert_errno(
+        "rename of a dir holding a root into a root",
+        fs::rename(m.path("overlay/p"), c1.join("p")),
+        libc::EXDEV,
+    );
+    assert_errno(
+        "rename of a root into a root",
+        fs::rename(m.path("overlay/p/c"), c1.join("c")),
+        libc::EXDEV,
+    );
+    assert!(m.path("overlay/p/c").is_dir());
+    assert_eq!(get(&m, "overlay/p/c").limit, MIB);
+}
+
+// ---- Persistence -------------------------------------------------------------------------
+
+#[test]
+fn remount_keeps_limit_and_usage() {
+    let mut m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    root(&m, "c2", "4M", &["--inodes", "10"]);
+    write_file(&c1.join("f"), 3 * MIB as usize, 1);
+    fs::create_dir(c1.join("d")).unwrap();
+    write_file(&m.path("overlay/c2/g"), MIB as usize, 2);
+    let before = list(&m);
+    assert_eq!(before.len(), 2);
+
+    m.remount(&Options::default());
+    m.wait_for_control();
+    assert_eq!(list(&m), before, "limits and usage after a remount");
+    assert_eq!(xattr_limit(&c1).unwrap(), 8 * MIB);
+    // Still enforced.
+    let room = 8 * MIB - get(&m, "overlay/c1").used;
+    let n = fill_root(&c1, "more", libc::ENOSPC);
+    assert!(n <= room && n + ONE_WRITE + SLACK >= room, "{n} of {room}");
+    assert_usage_matches_local(&m, "overlay/c1");
+}
