@@ -461,9 +461,11 @@ fn edquot_instead_of_enospc_with_the_mount_option() {
             .open(c1.join("f"))
             .unwrap()
     });
+    // New blocks past the end of the file (what is below it may be allocated already).
+    let end = g.metadata().unwrap().len().div_ceil(4096) * 4096;
     assert_errno(
         "fallocate in a full root",
-        fallocate(&g, 0, 0, MIB),
+        fallocate(&g, 0, end, MIB),
         libc::EDQUOT,
     );
     assert_errno(
@@ -639,6 +641,46 @@ fn fallocate_over_an_allocated_range_charges_only_the_new_blocks() {
     assert_usage_matches_local(&m, "overlay/c1");
 }
 
+/// Blocks `fallocate` reserved are allocated and charged already: writing into them in a
+/// full root allocates nothing (databases preallocate, and so does fio before its jobs).
+#[test]
+fn writing_into_preallocated_blocks_of_a_full_root_succeeds() {
+    let m = mount();
+    let c1 = root(&m, "c1", "4M", &[]);
+    let open = |name: &str| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(c1.join(name))
+            .unwrap()
+    };
+    let pre = open("pre");
+    fallocate(&pre, 0, 0, 2 * MIB).unwrap();
+    let keep = open("keep");
+    fallocate(&keep, libc::FALLOC_FL_KEEP_SIZE, 0, 512 * KIB).unwrap();
+    fill_root(&c1, "full", libc::ENOSPC);
+    let u = used(&m, "overlay/c1");
+
+    let data = pattern(MIB as usize, 8);
+    let n = nix::sys::uio::pwrite(&pre, &data, 0)
+        .expect("a write into preallocated blocks (inside the size) of a full root");
+    assert_eq!(n, data.len(), "short write into preallocated blocks");
+    let n = nix::sys::uio::pwrite(&keep, &data[..256 * KIB as usize], 0)
+        .expect("a write into KEEP_SIZE-preallocated blocks (past the size) of a full root");
+    assert_eq!(
+        n,
+        256 * KIB as usize,
+        "short write into preallocated blocks"
+    );
+    assert_close("usage", used(&m, "overlay/c1"), u, SLACK);
+    let mut back = vec![0u8; MIB as usize];
+    nix::sys::uio::pread(&pre, &mut back, 0).unwrap();
+    assert!(back == data);
+    assert_usage_matches_local(&m, "overlay/c1");
+}
+
 #[test]
 fn truncate_extends_for_free_and_shrinking_credits() {
     let m = mount();
@@ -728,6 +770,25 @@ fn assert_no_temp_names(root: &Path) {
     }
 }
 
+/// Makes the remote-merged dir `rel` a quota root. By xattr: `layerfs quota set` on such a
+/// dir is covered by [`cli_set_on_a_remote_dir_the_kernel_has_not_looked_up`].
+fn set_remote_root(m: &Mount, rel: &str, size: &str) -> Quota {
+    xattr_set(&m.path(rel), XATTR, size.as_bytes()).unwrap();
+    get(m, rel)
+}
+
+#[test]
+fn cli_set_on_a_remote_dir_the_kernel_has_not_looked_up() {
+    let m = mount();
+    // Nothing has looked `diff/` up through the view yet: a runtime sets the quota first.
+    let rel = l1_diff_rel();
+    let q = set(&m, &rel, "8M", &[]);
+    assert_eq!(q.limit, 8 * MIB);
+    assert_eq!(xattr_limit(&m.path(&rel)).unwrap(), 8 * MIB);
+    let rel2 = format!("overlay/RO/{}/diff/etc", id("L2"));
+    assert_eq!(set(&m, &rel2, "1M", &[]).limit, MIB);
+}
+
 /// Opens `p` with `opts` and writes one byte: the open or the write must fail with `want`.
 fn open_and_write_fails(what: &str, p: &Path, opts: &fs::OpenOptions, want: i32) {
     match opts.open(p) {
@@ -740,7 +801,7 @@ fn open_and_write_fails(what: &str, p: &Path, opts: &fs::OpenOptions, want: i32)
 fn a_64_mib_remote_file_does_not_copy_up_into_an_8_mib_quota() {
     let m = mount_with(Options::default(), big_remote);
     let rel = l1_diff_rel();
-    let q = set(&m, &rel, "8M", &[]);
+    let q = set_remote_root(&m, &rel, "8M");
     assert_eq!(q.limit, 8 * MIB);
     let before = q.used;
     let view = m.path(&rel).join("big.bin");
@@ -796,7 +857,7 @@ fn a_64_mib_remote_file_does_not_copy_up_into_an_8_mib_quota() {
 fn a_remote_file_that_fits_copies_up_and_is_charged() {
     let m = mount();
     let rel = l1_diff_rel();
-    let before = set(&m, &rel, "8M", &[]).used;
+    let before = set_remote_root(&m, &rel, "8M").used;
     let view = m.path(&rel).join("etc/os-release");
     let mut f = fs::OpenOptions::new().append(true).open(&view).unwrap();
     f.write_all(b"QUOTA=1\n").unwrap();
@@ -815,7 +876,7 @@ fn a_remote_file_that_fits_copies_up_and_is_charged() {
 fn o_trunc_of_a_big_remote_file_in_a_small_quota_copies_no_data() {
     let m = mount_with(Options::default(), big_remote);
     let rel = l1_diff_rel();
-    set(&m, &rel, "8M", &[]);
+    set_remote_root(&m, &rel, "8M");
     let view = m.path(&rel).join("big.bin");
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -881,6 +942,67 @@ fn eight_parallel_writers_overshoot_by_at_most_one_write_each() {
         u <= base + SLACK
     });
     assert_usage_matches_local(&m, "overlay/c1");
+}
+
+/// A file opened for writing before its directory became a quota root (with FUSE
+/// passthrough, its writes would never reach the daemon) must not escape the quota: either
+/// setting the quota is refused while such a handle is open, or the writes through it are
+/// limited and counted like any other.
+#[test]
+fn a_handle_opened_before_the_quota_was_set_cannot_bypass_it() {
+    let m = mount();
+    let d = m.path("overlay/d");
+    fs::create_dir(&d).unwrap();
+    let mut f = fs::File::create(d.join("f")).unwrap();
+    f.write_all(&[1u8; 4096]).unwrap();
+    let out = quota_cmd(&m, "set", &["overlay/d", "1M", "--json"]);
+    if !out.status.success() {
+        assert_eq!(text(&out.stderr).trim_end().lines().count(), 1);
+        return;
+    }
+    let (n, e) = fill(&mut f, MIB as usize, 16 * MIB);
+    assert_eq!(e, libc::ENOSPC, "{}", errname(e));
+    assert!(n <= MIB, "{n} bytes written under a 1 MiB quota");
+    drop(f);
+    let (alloc, _) = allocated_under(&m.local.join("overlay/d"));
+    used_until(&m, "overlay/d", "usage matches local", |u| {
+        u.abs_diff(alloc) <= SLACK
+    });
+}
+
+/// `copy_file_range(2)` (what `cp` uses) into a quota root is limited like a write.
+#[test]
+fn copy_file_range_into_a_root_stops_at_the_limit() {
+    let m = mount();
+    let c1 = root(&m, "c1", "2M", &[]);
+    let src_path = m.path("overlay/src");
+    let data = write_file(&src_path, 4 * MIB as usize, 31);
+    let src = fs::File::open(&src_path).unwrap();
+    let dst = fs::File::create(c1.join("dst")).unwrap();
+    let mut copied = 0u64;
+    let e = loop {
+        let r = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                std::ptr::null_mut(),
+                dst.as_raw_fd(),
+                std::ptr::null_mut(),
+                (4 * MIB - copied) as usize,
+                0,
+            )
+        };
+        if r < 0 {
+            break std::io::Error::last_os_error();
+        }
+        assert!(r > 0, "copy_file_range copied everything into a 2 MiB root");
+        copied += r as u64;
+    };
+    assert_eq!(errno(&e), libc::ENOSPC, "{e}");
+    assert!(copied <= 2 * MIB, "{copied} bytes copied into a 2 MiB root");
+    let q = assert_usage_matches_local(&m, "overlay/c1");
+    assert!(q.used <= q.limit + SLACK, "{q:?}");
+    assert_eq!(dst.metadata().unwrap().len(), copied);
+    assert!(fs::read(c1.join("dst")).unwrap() == data[..copied as usize]);
 }
 
 // ---- Crediting space back ----------------------------------------------------------------
@@ -1570,6 +1692,19 @@ fn renaming_a_directory_holding_a_root_into_another_root_fails_exdev() {
     );
     assert!(m.path("overlay/p/c").is_dir());
     assert_eq!(get(&m, "overlay/p/c").limit, MIB);
+}
+
+#[test]
+fn cli_get_right_after_a_remount() {
+    let mut m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    write_file(&c1.join("f"), MIB as usize, 1);
+    let before = get(&m, "overlay/c1");
+    m.remount(&Options::default());
+    m.wait_for_control();
+    // Nothing has looked `overlay/c1` up through the new mount yet.
+    assert_eq!(get(&m, "overlay/c1"), before);
+    assert_eq!(set(&m, "overlay/c1", "16M", &[]).limit, 16 * MIB);
 }
 
 // ---- Persistence -------------------------------------------------------------------------

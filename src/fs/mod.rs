@@ -127,7 +127,7 @@ fn open_flags(grant: &Grant) -> FopenFlags {
     match grant {
         Grant::Passthrough(_) => FopenFlags::empty(),
         Grant::Cached => FopenFlags::FOPEN_KEEP_CACHE,
-        Grant::Direct(_) => FopenFlags::FOPEN_DIRECT_IO,
+        Grant::Direct(_) | Grant::Uncached => FopenFlags::FOPEN_DIRECT_IO,
     }
 }
 
@@ -376,10 +376,12 @@ impl Filesystem for LayerFs {
         let intercept = writes && self.view.quota_of(&node).is_some();
         let grant = self.grant(ino.0, &fd, layer, intercept, |fd| reply.open_backing(fd));
         let fopen = open_flags(&grant);
-        self.view.opened(&node);
+        let bypasses = writes && matches!(grant, Grant::Passthrough(_));
+        self.view.opened(&node, bypasses);
         let fh = self.handles.insert(Handle::File(OpenFile {
             ino: ino.0,
             node,
+            bypasses,
             fd,
             layer,
             mode: grant.mode(),
@@ -389,7 +391,7 @@ impl Filesystem for LayerFs {
             Grant::Passthrough(id) | Grant::Direct(id) => {
                 reply.opened_passthrough(FileHandle(fh), fopen, id)
             }
-            Grant::Cached => reply.opened(FileHandle(fh), fopen),
+            Grant::Cached | Grant::Uncached => reply.opened(FileHandle(fh), fopen),
         }
     }
 
@@ -475,7 +477,8 @@ impl Filesystem for LayerFs {
         if let Some(handle) = self.handles.remove(fh.0) {
             if let Some(file) = handle.as_file() {
                 self.backing.release(file.ino);
-                self.view.released(&file.node, file.fd.as_fd());
+                self.view
+                    .released(&file.node, file.fd.as_fd(), file.bypasses);
             }
         }
         reply.ok();
@@ -679,10 +682,13 @@ impl Filesystem for LayerFs {
         let intercept = self.view.quota_of(&entry.node).is_some();
         let grant = self.grant(ino, &fd, layer, intercept, |fd| reply.open_backing(fd));
         let fopen = open_flags(&grant);
-        self.view.opened(&entry.node);
+        let bypasses =
+            matches!(grant, Grant::Passthrough(_)) && flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.view.opened(&entry.node, bypasses);
         let fh = self.handles.insert(Handle::File(OpenFile {
             ino,
             node: entry.node.clone(),
+            bypasses,
             fd,
             layer,
             mode: grant.mode(),
@@ -697,7 +703,7 @@ impl Filesystem for LayerFs {
                 fopen,
                 id,
             ),
-            Grant::Cached => reply.created(
+            Grant::Cached | Grant::Uncached => reply.created(
                 &self.timeouts.attr,
                 &attr,
                 Generation(0),

@@ -9,6 +9,7 @@
 
 pub mod copy;
 pub mod dirent;
+pub mod fiemap;
 pub mod mountinfo;
 pub mod xattr;
 

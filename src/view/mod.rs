@@ -439,6 +439,17 @@ impl View {
         // write; O_DIRECT alignment is the kernel's business, not the backing file's.
         let keep = libc::O_ACCMODE | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
         let oflags = OFlag::from_bits_truncate(flags & keep);
+        // A truncating open frees the file's blocks: its quota root gets them back.
+        let truncating = match (layer, oflags.contains(OFlag::O_TRUNC)) {
+            (Layer::Local, true) => self.quota_of(node).map(|root| {
+                let before = fds
+                    .local()
+                    .and_then(|dir| store::stat_at(dir, &c).ok())
+                    .map_or(0, |st| crate::quota::scan::allocated(&st));
+                (root, before)
+            }),
+            _ => None,
+        };
         let fd = match layer {
             Layer::Local => store::open_at(fds.local().ok_or(Errno::ESTALE)?, &c, oflags, 0),
             Layer::Remote => store::open_at(
@@ -449,6 +460,9 @@ impl View {
             ),
             Layer::Virtual => Err(Errno::EINVAL),
         };
+        if let (Ok(fd), Some((root, before))) = (&fd, truncating) {
+            self.settle(&root, node, fd.as_fd(), before);
+        }
         // O_NOATIME is refused on files the daemon does not own when the caller asked for
         // it; retry without rather than fail a read.
         match fd {

@@ -57,6 +57,8 @@ pub struct NodeState {
     pub blocks: Option<u64>,
     /// How many opens of this file are live.
     pub open_files: u32,
+    /// How many of them write straight to local (FUSE passthrough), unseen by a quota.
+    pub passthrough_writers: u32,
     /// A file whose last name went while it was open: the root its space is credited to
     /// at its last close.
     pub orphan_of: Option<Arc<QuotaRoot>>,
@@ -116,6 +118,7 @@ impl NodeState {
             quota: None,
             blocks: None,
             open_files: 0,
+            passthrough_writers: 0,
             orphan_of: None,
         }
     }

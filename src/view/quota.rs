@@ -43,6 +43,11 @@ pub enum QuotaError {
     Contains { path: String, root: String },
     #[error("{path} is not a quota root")]
     NotRoot { path: String },
+    #[error(
+        "{file} is open for writing with FUSE passthrough, which a quota on {path} could not \
+         count; close it, or set quotas before files are opened"
+    )]
+    Busy { path: String, file: String },
     #[error(transparent)]
     Size(#[from] SizeError),
     #[error("saving the quota registry: {0}")]
@@ -54,7 +59,9 @@ impl QuotaError {
     pub fn errno(&self) -> Errno {
         match self {
             QuotaError::Sys { source, .. } => *source,
-            QuotaError::Inside { .. } | QuotaError::Contains { .. } => Errno::EBUSY,
+            QuotaError::Inside { .. } | QuotaError::Contains { .. } | QuotaError::Busy { .. } => {
+                Errno::EBUSY
+            }
             QuotaError::NotRoot { .. } => Errno::ENODATA,
             QuotaError::Size(_) => Errno::EINVAL,
             QuotaError::Save(_) => Errno::EIO,
@@ -127,25 +134,42 @@ impl View {
         Some(names.iter().rev().collect())
     }
 
-    /// Finds a directory of the view by its path from the mount's root.
-    fn node_at(&self, path: &str) -> Result<Arc<Node>, QuotaError> {
+    /// Finds a directory of the view by its path from the mount's root, and runs `then`
+    /// on it while the whole path is held (a node nobody holds may be dropped, and its
+    /// children with it).
+    fn at_path<T>(
+        &self,
+        path: &str,
+        then: impl FnOnce(&Arc<Node>) -> Result<T, QuotaError>,
+    ) -> Result<T, QuotaError> {
         let sys = |source| QuotaError::Sys {
             path: path.to_owned(),
             source,
         };
-        let mut node = self.node(ROOT_INO).map_err(sys)?;
+        let mut held = Vec::new();
+        let mut found = self.node(ROOT_INO).map_err(sys);
         for part in Path::new(path).components() {
+            let Ok(node) = &found else {
+                break;
+            };
             let name = match part {
                 Component::RootDir | Component::CurDir => continue,
                 Component::Normal(name) => name,
-                _ => return Err(sys(Errno::EINVAL)),
+                _ => {
+                    found = Err(sys(Errno::EINVAL));
+                    break;
+                }
             };
-            let entry = self.lookup(node.ino, name).map_err(sys)?;
-            // Only this request held it.
-            self.inodes.forget(entry.node.ino, 1);
-            node = entry.node;
+            found = self.lookup(node.ino, name).map_err(sys).map(|entry| {
+                held.push(entry.node.ino);
+                entry.node
+            });
         }
-        Ok(node)
+        let result = found.and_then(|node| then(&node));
+        for ino in held {
+            self.inodes.forget(ino, 1);
+        }
+        result
     }
 
     /// Answers a quota question from the control socket.
@@ -153,23 +177,21 @@ impl View {
         let one = |r: Result<QuotaInfo, QuotaError>| r.map(QuotaAnswer::One);
         match request {
             QuotaRequest::List => Ok(QuotaAnswer::Many(self.quota_list())),
-            QuotaRequest::Get { path } => one(self.node_at(&path).and_then(|node| {
-                self.own_root(&node)
+            QuotaRequest::Get { path } => one(self.at_path(&path, |node| {
+                self.own_root(node)
                     .map(|r| r.info())
-                    .ok_or(QuotaError::NotRoot { path })
+                    .ok_or_else(|| QuotaError::NotRoot { path: path.clone() })
             })),
-            QuotaRequest::Set { path, size, inodes } => one(self.node_at(&path).and_then(|node| {
-                match parse_size(&size)? {
+            QuotaRequest::Set { path, size, inodes } => {
+                one(self.at_path(&path, |node| match parse_size(&size)? {
                     Some(bytes) => self
-                        .set_quota(&node, Limit { bytes, inodes })
+                        .set_quota(node, Limit { bytes, inodes })
                         .map(|r| r.info()),
                     // An unset size asks for no quota: the directory keeps what it has.
-                    None => Ok(self.own_root(&node).map(|r| r.info()).unwrap_or_default()),
-                }
-            })),
-            QuotaRequest::Clear { path } => {
-                one(self.node_at(&path).and_then(|node| self.clear_quota(&node)))
+                    None => Ok(self.own_root(node).map(|r| r.info()).unwrap_or_default()),
+                }))
             }
+            QuotaRequest::Clear { path } => one(self.at_path(&path, |node| self.clear_quota(node))),
         }
         .map_err(|e| e.to_string())
     }
@@ -208,6 +230,13 @@ impl View {
                 root: below.path().display().to_string(),
             });
         }
+        // Writes that bypass the daemon could not be counted.
+        if let Some(file) = self.passthrough_writer_under(&path) {
+            return Err(QuotaError::Busy {
+                path: shown,
+                file: file.display().to_string(),
+            });
+        }
         let local = self.ensure_local_dir(node).map_err(sys)?;
         let st = store::stat_fd(local.as_fd()).map_err(sys)?;
         let usage = scan::usage(local.as_fd()).map_err(sys)?;
@@ -226,6 +255,16 @@ impl View {
         }
         info!(path = %shown, limit = limit.bytes, used = usage.bytes, "quota set");
         Ok(root)
+    }
+
+    /// A file under `dir` that is open for writing through FUSE passthrough.
+    fn passthrough_writer_under(&self, dir: &Path) -> Option<PathBuf> {
+        self.inodes
+            .live()
+            .iter()
+            .filter(|n| n.state().passthrough_writers > 0)
+            .filter_map(|n| self.rel_path(n))
+            .find(|p| p.starts_with(dir))
     }
 
     /// Removes the quota of a root; returns what it was.
@@ -479,17 +518,21 @@ impl View {
         root.charge_inodes(-1);
     }
 
-    /// An open of `node` was made (see [`View::released`]).
-    pub fn opened(&self, node: &Node) {
-        node.state().open_files += 1;
+    /// An open of `node` was made (see [`View::released`]); `bypasses`: it writes with
+    /// FUSE passthrough.
+    pub fn opened(&self, node: &Node, bypasses: bool) {
+        let mut state = node.state();
+        state.open_files += 1;
+        state.passthrough_writers += bypasses as u32;
     }
 
     /// An open of `node` was closed; the last close of a file whose names are all gone
     /// frees its space.
-    pub fn released(&self, node: &Node, fd: BorrowedFd<'_>) {
+    pub fn released(&self, node: &Node, fd: BorrowedFd<'_>, bypasses: bool) {
         let orphan = {
             let mut state = node.state();
             state.open_files = state.open_files.saturating_sub(1);
+            state.passthrough_writers = state.passthrough_writers.saturating_sub(bypasses as u32);
             if state.open_files > 0 {
                 return;
             }
@@ -768,28 +811,32 @@ fn block_size(st: &Stat) -> u64 {
     (st.st_blksize as u64).clamp(512, 1 << 20)
 }
 
-/// What writing `len` bytes at `offset` of the file may allocate: nothing over a range
-/// that is all data already, the blocks past the end of the file when it grows, and the
-/// whole range (rounded out to blocks) where it may have holes.
+/// What writing `len` bytes at `offset` of the file may allocate: the blocks of the range
+/// that have no space yet. Where the filesystem cannot tell (no FIEMAP), a range that
+/// `SEEK_HOLE` finds all data costs only what grows the file, any other the whole range.
 fn estimate(fd: BorrowedFd<'_>, st: &Stat, offset: u64, len: u64) -> u64 {
     if len == 0 {
         return 0;
     }
     let block = block_size(st);
-    let size = st.st_size.max(0) as u64;
-    let end = offset.saturating_add(len);
     let round_up = |x: u64| x.div_ceil(block) * block;
-    let whole = round_up(end) - offset / block * block;
+    let start = offset / block * block;
+    let end = round_up(offset.saturating_add(len));
+    let whole = end - start;
+    if let Ok(have) = store::fiemap::allocated_between(fd, start, end) {
+        return whole.saturating_sub(have);
+    }
+    let size = st.st_size.max(0) as u64;
     if offset >= size {
         // An append: every block is new but the one the file ends in, when it starts there.
-        let shared = (offset % block != 0 && offset / block * block < size) as u64 * block;
+        let shared = (offset % block != 0 && start < size) as u64 * block;
         return whole - shared;
     }
     let hole = unsafe { libc::lseek(fd.as_raw_fd(), offset as libc::off_t, libc::SEEK_HOLE) };
-    if hole < 0 || (hole as u64) < end.min(size) {
+    if hole < 0 || (hole as u64) < (offset + len).min(size) {
         return whole;
     }
-    round_up(end).saturating_sub(round_up(size))
+    end.saturating_sub(round_up(size))
 }
 
 /// How many bytes from `offset` fit in `room` bytes of whole blocks.
