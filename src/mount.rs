@@ -11,6 +11,7 @@ use crate::config::MountConfig;
 use crate::control::protocol::{QuotaAnswer, QuotaRequest};
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
+use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
 use crate::fs::{LayerFs, Timeouts};
 use crate::layout::{LayoutIndex, Scanner};
 use crate::quota::table::Quotas;
@@ -85,13 +86,10 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     };
     let fs = LayerFs::new(view.clone(), timeouts, config.passthrough);
 
-    let mut session =
-        Session::new(fs, &config.mountpoint, &fuse_config(config)).map_err(|source| {
-            Error::Mount {
-                path: config.mountpoint.clone(),
-                source,
-            }
-        })?;
+    let (session, mut unmounter) = open_session(fs, config).map_err(|source| Error::Mount {
+        path: config.mountpoint.clone(),
+        source,
+    })?;
     let handle: Arc<RefreshHandle> = refresher.handle();
     refresher
         .start(Box::new(session.notifier()))
@@ -106,7 +104,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     // Lives until the mount ends; dropping it removes the socket. A mount that cannot have
     // its socket (no writable run dir) still serves: the socket is for looking, not for use.
     let socket = crate::control::socket_path(&config.mountpoint);
-    let _control_server = match crate::control::serve(control, &socket) {
+    let _control_server = match serve_control(control, &socket) {
         Ok(server) => {
             handle.set_socket(&socket);
             Some(server)
@@ -118,7 +116,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     };
     on_sigusr1_refresh(&handle);
 
-    let mut unmounter = session.unmount_callable();
+    let on_signal = unmounter.clone_for_signal();
     let mountpoint = config.mountpoint.clone();
     match signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]) {
         Ok(mut signals) => {
@@ -127,6 +125,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
                 .spawn(move || {
                     if let Some(sig) = signals.forever().next() {
                         info!(signal = sig, "unmounting on signal");
+                        let mut unmounter = on_signal;
                         if let Err(e) = unmounter.unmount() {
                             warn!(error = %e, mountpoint = %mountpoint.display(), "unmount on signal failed");
                         }
@@ -177,6 +176,30 @@ impl MountControl for Control {
     }
 }
 
+/// How long a new mount waits for the daemon of the previous mount at the same mountpoint
+/// to finish shutting down and let go of the control socket.
+const SOCKET_HANDOVER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves the control socket. A live socket at our path can only be the previous daemon's
+/// (the mountpoint was free, so its mount is gone): it is waited for, not taken over.
+fn serve_control(
+    control: Arc<dyn MountControl>,
+    socket: &std::path::Path,
+) -> std::io::Result<crate::control::ControlServer> {
+    let deadline = std::time::Instant::now() + SOCKET_HANDOVER;
+    loop {
+        match crate::control::serve(control.clone(), socket) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// `kill -USR1 <daemon>` runs a refresh round now and logs it: handy where the control
 /// socket is not reachable, and in benchmarks.
 fn on_sigusr1_refresh(handle: &Arc<RefreshHandle>) {
@@ -205,6 +228,72 @@ fn on_sigusr1_refresh(handle: &Arc<RefreshHandle>) {
     });
     if let Err(e) = spawned {
         warn!(error = %e, "SIGUSR1 will not trigger refresh rounds");
+    }
+}
+
+/// Who removes the mount: layerfs itself when it mounted as root (see
+/// [`crate::fs::kernel_mount`]), fuser (through `fusermount3`) otherwise.
+enum Unmounter {
+    Ours(KernelMount),
+    Fuser(fuser::SessionUnmounter),
+    /// The signal thread's copy of a fuser unmounter: fuser's is not cloneable, so the
+    /// session keeps none.
+    Taken,
+}
+
+impl Unmounter {
+    fn clone_for_signal(&mut self) -> Unmounter {
+        match self {
+            Unmounter::Ours(m) => Unmounter::Ours(m.clone()),
+            other => std::mem::replace(other, Unmounter::Taken),
+        }
+    }
+
+    fn unmount(&mut self) -> std::io::Result<()> {
+        match self {
+            Unmounter::Ours(m) => m.unmount().map_err(std::io::Error::from),
+            Unmounter::Fuser(u) => u.unmount(),
+            Unmounter::Taken => Ok(()),
+        }
+    }
+}
+
+/// Mounts and opens the FUSE session: ourselves as root, through fuser otherwise.
+fn open_session(
+    fs: LayerFs,
+    config: &MountConfig,
+) -> std::io::Result<(Session<LayerFs>, Unmounter)> {
+    let fuse = fuse_config(config);
+    if !nix::unistd::geteuid().is_root() {
+        let mut session = Session::new(fs, &config.mountpoint, &fuse)?;
+        let unmounter = Unmounter::Fuser(session.unmount_callable());
+        return Ok((session, unmounter));
+    }
+    let fsname = config
+        .fsname
+        .clone()
+        .unwrap_or_else(|| config.remote.display().to_string());
+    let spec = MountSpec {
+        mountpoint: &config.mountpoint,
+        fsname: &fsname,
+        allow_other: fuse.acl != SessionACL::Owner,
+        read_only: config.read_only,
+        suid: config.suid,
+        dev: config.dev,
+    };
+    let (device, mount) = kernel_mount::mount(&spec).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::Other,
+            format!("mount(2) of fuse.layerfs: {e}"),
+        )
+    })?;
+    let acl = fuse.acl;
+    match Session::from_fd(fs, device, acl, fuse) {
+        Ok(session) => Ok((session, Unmounter::Ours(mount))),
+        Err(e) => {
+            let _ = mount.unmount();
+            Err(e)
+        }
     }
 }
 

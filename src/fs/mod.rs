@@ -9,6 +9,7 @@
 pub mod attr;
 pub mod backing;
 pub mod handles;
+pub mod kernel_mount;
 
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd};
@@ -502,6 +503,7 @@ impl Filesystem for LayerFs {
             nix::unistd::fsync(file.fd.as_fd())
         };
         tri!(reply, res);
+        self.view.resettle(&file.node, file.fd.as_fd());
         reply.ok();
     }
 

@@ -526,9 +526,21 @@ impl View {
         state.passthrough_writers += bypasses as u32;
     }
 
+    /// Measures a file again after its data reached the disk: a filesystem may allocate
+    /// metadata (extent blocks) only at writeback, after the write was charged.
+    pub fn resettle(&self, node: &Arc<Node>, fd: BorrowedFd<'_>) {
+        if node.state().blocks.is_none() {
+            return;
+        }
+        if let Some(root) = self.quota_of(node) {
+            self.settle(&root, node, fd, 0);
+        }
+    }
+
     /// An open of `node` was closed; the last close of a file whose names are all gone
     /// frees its space.
-    pub fn released(&self, node: &Node, fd: BorrowedFd<'_>, bypasses: bool) {
+    pub fn released(&self, node: &Arc<Node>, fd: BorrowedFd<'_>, bypasses: bool) {
+        self.resettle(node, fd);
         let orphan = {
             let mut state = node.state();
             state.open_files = state.open_files.saturating_sub(1);
