@@ -281,12 +281,8 @@ fn open_session(
         suid: config.suid,
         dev: config.dev,
     };
-    let (device, mount) = kernel_mount::mount(&spec).map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::Other,
-            format!("mount(2) of fuse.layerfs: {e}"),
-        )
-    })?;
+    let (device, mount) = kernel_mount::mount(&spec)
+        .map_err(|e| std::io::Error::other(format!("mount(2) of fuse.layerfs: {e}")))?;
     let acl = fuse.acl;
     match Session::from_fd(fs, device, acl, fuse) {
         Ok(session) => Ok((session, Unmounter::Ours(mount))),

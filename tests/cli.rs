@@ -290,3 +290,84 @@ fn help_lists_the_mount_options() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("mount"));
 }
+
+/// Unmounts `mnt` (lazily) on drop: keeps a failing test from leaving a mount behind.
+struct UnmountOnDrop(PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        while is_mounted(&self.0) {
+            if !Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status()
+                .is_ok_and(|s| s.success())
+            {
+                break;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_quick_remount_outlives_the_previous_daemon() {
+    let d = dirs();
+    let _cleanup = UnmountOnDrop(d.mnt.clone());
+    let a = args(&d.remote, &d.local, &d.mnt, &["-o", "allow_other"]);
+    let mount = || {
+        let out = Command::new(BIN)
+            .arg("mount")
+            .args(&a)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run layerfs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for round in 0..3 {
+        mount();
+        fs::create_dir(d.mnt.join(format!("overlay/c{round}"))).unwrap();
+        // umount(8) returns while the daemon is still shutting down; mount again at once.
+        assert!(Command::new("umount")
+            .arg(&d.mnt)
+            .status()
+            .unwrap()
+            .success());
+    }
+    mount();
+    // The daemons of the earlier mounts finish meanwhile; none may take the new mount down.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processes_with_arg(&d.mnt).len() > 1 {
+        assert!(Instant::now() < deadline, "earlier daemons still running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(is_mounted(&d.mnt), "the newest mount was unmounted");
+    for round in 0..3 {
+        assert!(d.mnt.join(format!("overlay/c{round}")).is_dir());
+    }
+    let status = Command::new(BIN)
+        .arg("status")
+        .arg(&d.mnt)
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "no control socket for the newest mount: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let out = Command::new(BIN)
+        .arg("umount")
+        .arg(&d.mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(&d.mnt));
+}
