@@ -104,16 +104,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     // Lives until the mount ends; dropping it removes the socket. A mount that cannot have
     // its socket (no writable run dir) still serves: the socket is for looking, not for use.
     let socket = crate::control::socket_path(&config.mountpoint);
-    let _control_server = match serve_control(control, &socket) {
-        Ok(server) => {
-            handle.set_socket(&socket);
-            Some(server)
-        }
-        Err(e) => {
-            warn!(error = %e, "no control socket: `layerfs status` cannot reach this mount");
-            None
-        }
-    };
+    let control_server = serve_control(control, &socket, &handle);
     on_sigusr1_refresh(&handle);
 
     let on_signal = unmounter.clone_for_signal();
@@ -145,6 +136,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         source,
     })?;
     handle.stop();
+    drop(control_server);
     info!(mountpoint = %config.mountpoint.display(), "unmounted");
     Ok(())
 }
@@ -178,26 +170,65 @@ impl MountControl for Control {
 
 /// How long a new mount waits for the daemon of the previous mount at the same mountpoint
 /// to finish shutting down and let go of the control socket.
-const SOCKET_HANDOVER: std::time::Duration = std::time::Duration::from_secs(10);
+const SOCKET_HANDOVER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The control socket, once it is served; dropping the last reference removes it.
+type ControlSlot = Arc<parking_lot::Mutex<Option<crate::control::ControlServer>>>;
 
 /// Serves the control socket. A live socket at our path can only be the previous daemon's
-/// (the mountpoint was free, so its mount is gone): it is waited for, not taken over.
+/// (the mountpoint was free, so its mount is gone, and that daemon is finishing): it is
+/// not taken over but waited for, on a thread of its own, so the mount serves meanwhile.
 fn serve_control(
     control: Arc<dyn MountControl>,
     socket: &std::path::Path,
-) -> std::io::Result<crate::control::ControlServer> {
-    let deadline = std::time::Instant::now() + SOCKET_HANDOVER;
-    loop {
-        match crate::control::serve(control.clone(), socket) {
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AddrInUse
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(50));
+    handle: &Arc<RefreshHandle>,
+) -> ControlSlot {
+    let slot: ControlSlot = Arc::default();
+    // Holds the slot weakly: a server made after the mount ended is dropped at once.
+    let install = {
+        let (slot, handle, socket) = (Arc::downgrade(&slot), handle.clone(), socket.to_owned());
+        move |server| {
+            if let Some(slot) = slot.upgrade() {
+                handle.set_socket(&socket);
+                *slot.lock() = Some(server);
             }
-            other => return other,
         }
+    };
+    let unavailable = |e: &std::io::Error| {
+        warn!(error = %e, "no control socket: `layerfs status` cannot reach this mount");
+    };
+    match crate::control::serve(control.clone(), socket) {
+        Ok(server) => install(server),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            info!("the previous daemon of this mountpoint still holds the control socket; waiting for it");
+            let socket = socket.to_owned();
+            let weak = Arc::downgrade(&slot);
+            let spawned = std::thread::Builder::new()
+                .name("control-handover".into())
+                .spawn(move || {
+                    let deadline = std::time::Instant::now() + SOCKET_HANDOVER;
+                    loop {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        // The mount ended meanwhile.
+                        if weak.strong_count() == 0 {
+                            return;
+                        }
+                        match crate::control::serve(control.clone(), &socket) {
+                            Ok(server) => return install(server),
+                            Err(e)
+                                if e.kind() == std::io::ErrorKind::AddrInUse
+                                    && std::time::Instant::now() < deadline => {}
+                            Err(e) => return unavailable(&e),
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                unavailable(&e);
+            }
+        }
+        Err(e) => unavailable(&e),
     }
+    slot
 }
 
 /// `kill -USR1 <daemon>` runs a refresh round now and logs it: handy where the control

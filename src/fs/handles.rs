@@ -28,7 +28,7 @@ pub struct FileHandle {
     pub ino: u64,
     /// Kept for the quota accounting of its writes, and to count its opens.
     pub node: Arc<Node>,
-    /// Writes straight to local through FUSE passthrough.
+    /// Does its I/O straight on local through FUSE passthrough.
     pub bypasses: bool,
     pub fd: OwnedFd,
     pub layer: Layer,

@@ -89,21 +89,23 @@ impl LayerFs {
         self.handles.file(fh.0).ok_or(Errno::EBADF)
     }
 
-    /// How an open is served. `intercept`: its writes must reach the daemon (a file under
-    /// a quota root).
+    /// How an open is served. A file under a quota root never gets passthrough (even a
+    /// read-only open could allocate through a shared writable mmap), and its writes go
+    /// through the daemon, uncached (see `backing`).
     fn grant(
         &self,
-        ino: u64,
+        node: &Arc<crate::view::Node>,
         fd: &std::os::fd::OwnedFd,
         layer: crate::view::Layer,
-        intercept: bool,
+        writes: bool,
         open: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<fuser::BackingId>,
     ) -> Grant {
+        let counted = self.view.quota_of(node).is_some();
         self.backing.acquire(
-            ino,
+            node.ino,
             layer,
-            self.passthrough.load(Ordering::Relaxed),
-            intercept,
+            self.passthrough.load(Ordering::Relaxed) && !counted,
+            writes && counted,
             || open(fd),
         )
     }
@@ -186,12 +188,6 @@ impl Filesystem for LayerFs {
     fn destroy(&mut self) {
         // The last request of an unmount: what was written through the view reaches the
         // disk before the daemon says it is done.
-        if !self.view.quotas.is_empty() {
-            // Only for comparison at the next mount, which counts usage afresh anyway.
-            if let Err(e) = self.view.save_quotas() {
-                tracing::warn!(error = %e, "saving quota usage at unmount failed");
-            }
-        }
         match self.view.sync_local() {
             Ok(()) => info!("local tree synced"),
             Err(e) => tracing::warn!(error = %e, "syncing the local tree at unmount failed"),
@@ -374,10 +370,9 @@ impl Filesystem for LayerFs {
         let node = tri!(reply, self.view.node(ino.0));
         let (fd, layer) = tri!(reply, self.view.open(&node, flags.0));
         let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
-        let intercept = writes && self.view.quota_of(&node).is_some();
-        let grant = self.grant(ino.0, &fd, layer, intercept, |fd| reply.open_backing(fd));
+        let grant = self.grant(&node, &fd, layer, writes, |fd| reply.open_backing(fd));
         let fopen = open_flags(&grant);
-        let bypasses = writes && matches!(grant, Grant::Passthrough(_));
+        let bypasses = matches!(grant, Grant::Passthrough(_));
         self.view.opened(&node, bypasses);
         let fh = self.handles.insert(Handle::File(OpenFile {
             ino: ino.0,
@@ -681,11 +676,10 @@ impl Filesystem for LayerFs {
         );
         let ino = entry.node.ino;
         let layer = crate::view::Layer::Local;
-        let intercept = self.view.quota_of(&entry.node).is_some();
-        let grant = self.grant(ino, &fd, layer, intercept, |fd| reply.open_backing(fd));
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let grant = self.grant(&entry.node, &fd, layer, writes, |fd| reply.open_backing(fd));
         let fopen = open_flags(&grant);
-        let bypasses =
-            matches!(grant, Grant::Passthrough(_)) && flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let bypasses = matches!(grant, Grant::Passthrough(_));
         self.view.opened(&entry.node, bypasses);
         let fh = self.handles.insert(Handle::File(OpenFile {
             ino,

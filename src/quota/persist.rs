@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::store;
 
-/// The registry's name in local's root.
+/// The registry's name in local's root (the view hides it: `marker::REGISTRY_NAME`).
 pub const REGISTRY: &CStr = c".layerfs-quota.json";
 const REGISTRY_TEMP: &CStr = c".layerfs-tmp.quota.json";
 /// A registry larger than this is not ours.

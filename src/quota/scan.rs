@@ -19,14 +19,30 @@ pub fn allocated(st: &libc::stat) -> u64 {
     (st.st_blocks.max(0) as u64) * 512
 }
 
+/// What a walk found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tree {
+    pub usage: Usage,
+    /// Some file in it has more than one name (which may be outside the tree).
+    pub hard_linked: bool,
+}
+
 /// Walks the tree under `dir` (an `O_PATH` handle is enough) and adds up its usage.
 /// Entries that vanish during the walk are skipped.
 pub fn usage(dir: BorrowedFd<'_>) -> Result<Usage, Errno> {
+    tree(dir).map(|t| t.usage)
+}
+
+/// Like [`usage`], and tells whether any file in the tree has other names.
+pub fn tree(dir: BorrowedFd<'_>) -> Result<Tree, Errno> {
     let top = store::stat_fd(dir)?;
     let mut seen = HashSet::new();
-    let mut total = Usage {
-        bytes: allocated(&top),
-        inodes: 1,
+    let mut total = Tree {
+        usage: Usage {
+            bytes: allocated(&top),
+            inodes: 1,
+        },
+        hard_linked: false,
     };
     let mut pending: Vec<OwnedFd> = Vec::new();
     walk(dir, top.st_dev, &mut seen, &mut total, &mut pending)?;
@@ -43,7 +59,7 @@ fn walk(
     dir: BorrowedFd<'_>,
     dev: u64,
     seen: &mut HashSet<u64>,
-    total: &mut Usage,
+    total: &mut Tree,
     pending: &mut Vec<OwnedFd>,
 ) -> Result<(), Errno> {
     for entry in store::read_dir(dir)? {
@@ -63,11 +79,14 @@ fn walk(
             continue;
         }
         let is_dir = Kind::from_mode(st.st_mode) == Kind::Dir;
-        if !is_dir && st.st_nlink > 1 && !seen.insert(st.st_ino) {
-            continue;
+        if !is_dir && st.st_nlink > 1 {
+            total.hard_linked = true;
+            if !seen.insert(st.st_ino) {
+                continue;
+            }
         }
-        total.bytes += allocated(&st);
-        total.inodes += 1;
+        total.usage.bytes += allocated(&st);
+        total.usage.inodes += 1;
         if is_dir {
             match store::open_dir_at(dir, &name) {
                 Ok(fd) => pending.push(fd),
@@ -117,6 +136,12 @@ mod tests {
         let fd = crate::view::open_root(&root).unwrap();
         let got = usage(fd.as_fd()).unwrap();
         assert_eq!(got, du(&root));
+        assert!(tree(fd.as_fd()).unwrap().hard_linked);
+        let plain = crate::view::open_root(&root.join("a/b/..")).unwrap();
+        assert!(
+            tree(plain.as_fd()).unwrap().hard_linked,
+            "data has a name outside"
+        );
         // root, a, b, data (once), link, sparse.
         assert_eq!(got.inodes, 6);
         assert!(got.bytes < 1 << 20, "sparse space is free: {got:?}");

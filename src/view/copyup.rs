@@ -20,7 +20,7 @@ use tracing::debug;
 
 use super::inodes::Identity;
 use super::node::{Layer, Node};
-use super::quota::{dir_blocks, NEEDS_ROOM};
+use super::quota::{copy_estimate, dir_blocks, NEEDS_ROOM};
 use super::{marker, Stat, View};
 use crate::quota::scan::allocated;
 use crate::store::{self, cname, copy, xattr, Kind};
@@ -118,11 +118,11 @@ impl View {
             Some(root) => {
                 root.admit_inodes(1)?;
                 let needs = match (layer, node.kind) {
-                    (Layer::Remote, Kind::File) if with_data => parent
-                        .dir_fds()
-                        .remote()
-                        .and_then(|r| store::stat_at(r, &c).ok())
-                        .map_or(NEEDS_ROOM, |st| allocated(&st).max(NEEDS_ROOM)),
+                    (Layer::Remote, Kind::File) if with_data => {
+                        parent.dir_fds().remote().map_or(NEEDS_ROOM, |r| {
+                            copy_estimate(r, &c, self.local_block_size()).max(NEEDS_ROOM)
+                        })
+                    }
                     _ => NEEDS_ROOM,
                 };
                 Some(root.reserve(needs)?)
@@ -155,7 +155,7 @@ impl View {
             let grown = dir_blocks(dir) as i64 - allocated(&parent_times) as i64;
             root.charge(grown + allocated(&st) as i64);
             root.charge_inodes(1);
-            node.state().blocks = Some(allocated(&st));
+            node.state().blocks = Some((self.quotas.generation(), allocated(&st)));
         }
         self.inodes.bind(
             Identity::Local {

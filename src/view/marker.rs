@@ -19,15 +19,16 @@ use crate::store::{self, xattr};
 
 /// Prefix of the temporary names copy-up uses in local.
 pub const TEMP_PREFIX: &[u8] = b".layerfs-tmp.";
-/// Names with this prefix are the view's own bookkeeping in local (temporary files, the
-/// quota registry): never visible in the view, never creatable through it.
-pub const RESERVED_PREFIX: &[u8] = b".layerfs-";
+/// The quota registry's name (see `quota::persist`).
+pub const REGISTRY_NAME: &[u8] = b".layerfs-quota.json";
 
 const OPAQUE_NAMES: [&CStr; 2] = [c"trusted.overlay.opaque", c"user.overlay.opaque"];
 const PRIVATE_PREFIXES: [&[u8]; 2] = [b"trusted.overlay.", b"user.overlay."];
 
+/// The view's own bookkeeping in local (temporary files, the quota registry): never
+/// visible in the view, never creatable through it.
 pub fn is_reserved_name(name: &[u8]) -> bool {
-    name.starts_with(RESERVED_PREFIX)
+    name.starts_with(TEMP_PREFIX) || name == REGISTRY_NAME
 }
 
 /// Whether a local entry, in a directory of `zone`, is one of our whiteouts.
@@ -111,6 +112,7 @@ mod tests {
     fn reserved_names_are_recognised() {
         assert!(is_reserved_name(b".layerfs-tmp.abc"));
         assert!(is_reserved_name(b".layerfs-quota.json"));
+        assert!(!is_reserved_name(b".layerfs-notes"));
         assert!(!is_reserved_name(b".layerfs"));
     }
 }

@@ -250,6 +250,8 @@ impl View {
                 return Err(Errno::EXDEV);
             }
         }
+        // Copied up first, and charged by itself, so the link measures only its own entry.
+        self.copy_up(&node, true)?;
         self.allocating(
             &dir_node,
             NEEDS_ROOM,
@@ -265,7 +267,6 @@ impl View {
         new_parent: u64,
         new_name: &OsStr,
     ) -> Result<Entry, Errno> {
-        self.copy_up(node, true)?;
         let (src_parent, src_name) = node.primary().ok_or(Errno::ESTALE)?;
         let src_dir = src_parent.dir_fds().local.ok_or(Errno::ESTALE)?;
         let (parent, c, dir) = self.prepare_new(new_parent, new_name)?;
@@ -364,9 +365,16 @@ impl View {
         if exchange && moving.is_some() {
             return Err(Errno::EXDEV);
         }
-        let old_path = (src.node.is_dir() && !self.quotas.is_empty())
-            .then(|| self.rel_path(&src.node))
-            .flatten();
+        let old_path = |node: &Arc<Node>| {
+            (node.is_dir() && !self.quotas.is_empty())
+                .then(|| self.rel_path(node))
+                .flatten()
+        };
+        let src_old_path = old_path(&src.node);
+        let dst_old_path = dst
+            .as_ref()
+            .filter(|_| exchange)
+            .and_then(|d| old_path(&d.node));
         let src_dir = parent.dir_fds().local.ok_or(Errno::ESTALE)?;
         let dst_dir = self.ensure_local_dir(&new_parent)?;
         let dst_before = dir_blocks(dst_dir.as_fd());
@@ -455,7 +463,10 @@ impl View {
             st.remove_alias(parent.ino, name);
             st.add_alias(&new_parent, new_name);
         }
-        self.renamed(&src.node, old_path);
+        self.renamed(&src.node, src_old_path);
+        if let Some(dst) = dst.as_ref().filter(|_| exchange) {
+            self.renamed(&dst.node, dst_old_path);
+        }
         Ok(())
     }
 
@@ -631,7 +642,8 @@ fn clear_whiteouts(dir: BorrowedFd<'_>) -> Result<usize, Errno> {
         };
         if e.whiteout || marker::is_reserved_name(c.to_bytes()) {
             nix::unistd::unlinkat(dir, c.as_c_str(), UnlinkatFlags::NoRemoveDir)?;
-            cleared += 1;
+            // Quotas count whiteouts, not the view's temporary files.
+            cleared += e.whiteout as usize;
         }
     }
     Ok(cleared)

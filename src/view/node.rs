@@ -53,12 +53,15 @@ pub struct NodeState {
     /// The quota root this node is under, and the quota generation that answer holds for
     /// (see `quota`).
     pub quota: Option<(u64, Option<Arc<QuotaRoot>>)>,
-    /// Files under a quota root: allocated bytes when last measured.
-    pub blocks: Option<u64>,
+    /// Files under a quota root: allocated bytes when last measured, and the quota
+    /// generation of that measurement (one taken before a root was set or cleared, or the
+    /// file moved, says nothing about what was charged since).
+    pub blocks: Option<(u64, u64)>,
     /// How many opens of this file are live.
     pub open_files: u32,
-    /// How many of them write straight to local (FUSE passthrough), unseen by a quota.
-    pub passthrough_writers: u32,
+    /// How many of them do their I/O straight on local (FUSE passthrough), unseen by a
+    /// quota (a shared writable mmap of a read-only open still allocates).
+    pub passthrough_opens: u32,
     /// A file whose last name went while it was open: the root its space is credited to
     /// at its last close.
     pub orphan_of: Option<Arc<QuotaRoot>>,
@@ -118,7 +121,7 @@ impl NodeState {
             quota: None,
             blocks: None,
             open_files: 0,
-            passthrough_writers: 0,
+            passthrough_opens: 0,
             orphan_of: None,
         }
     }

@@ -44,7 +44,7 @@ pub enum QuotaError {
     #[error("{path} is not a quota root")]
     NotRoot { path: String },
     #[error(
-        "{file} is open for writing with FUSE passthrough, which a quota on {path} could not \
+        "{file} is open with FUSE passthrough, whose writes a quota on {path} could not \
          count; close it, or set quotas before files are opened"
     )]
     Busy { path: String, file: String },
@@ -99,9 +99,17 @@ impl View {
             return None;
         }
         let generation = self.quotas.generation();
-        if let Some((g, root)) = &node.state().quota {
-            if *g == generation {
-                return root.clone();
+        {
+            let state = node.state();
+            // A file deleted while open has no name to find its root by, and is charged
+            // to the root it was deleted from until its last close.
+            if let Some(root) = &state.orphan_of {
+                return Some(root.clone());
+            }
+            if let Some((g, root)) = &state.quota {
+                if *g == generation {
+                    return root.clone();
+                }
             }
         }
         let root = self.own_root(node).or_else(|| {
@@ -231,7 +239,7 @@ impl View {
             });
         }
         // Writes that bypass the daemon could not be counted.
-        if let Some(file) = self.passthrough_writer_under(&path) {
+        if let Some(file) = self.passthrough_open_under(&path) {
             return Err(QuotaError::Busy {
                 path: shown,
                 file: file.display().to_string(),
@@ -257,12 +265,12 @@ impl View {
         Ok(root)
     }
 
-    /// A file under `dir` that is open for writing through FUSE passthrough.
-    fn passthrough_writer_under(&self, dir: &Path) -> Option<PathBuf> {
+    /// A file under `dir` that is open with FUSE passthrough.
+    fn passthrough_open_under(&self, dir: &Path) -> Option<PathBuf> {
         self.inodes
             .live()
             .iter()
-            .filter(|n| n.state().passthrough_writers > 0)
+            .filter(|n| n.state().passthrough_opens > 0)
             .filter_map(|n| self.rel_path(n))
             .find(|p| p.starts_with(dir))
     }
@@ -518,18 +526,19 @@ impl View {
         root.charge_inodes(-1);
     }
 
-    /// An open of `node` was made (see [`View::released`]); `bypasses`: it writes with
-    /// FUSE passthrough.
+    /// An open of `node` was made (see [`View::released`]); `bypasses`: it does its I/O
+    /// with FUSE passthrough.
     pub fn opened(&self, node: &Node, bypasses: bool) {
         let mut state = node.state();
         state.open_files += 1;
-        state.passthrough_writers += bypasses as u32;
+        state.passthrough_opens += bypasses as u32;
     }
 
     /// Measures a file again after its data reached the disk: a filesystem may allocate
     /// metadata (extent blocks) only at writeback, after the write was charged.
     pub fn resettle(&self, node: &Arc<Node>, fd: BorrowedFd<'_>) {
-        if node.state().blocks.is_none() {
+        let generation = self.quotas.generation();
+        if !matches!(node.state().blocks, Some((g, _)) if g == generation) {
             return;
         }
         if let Some(root) = self.quota_of(node) {
@@ -544,7 +553,7 @@ impl View {
         let orphan = {
             let mut state = node.state();
             state.open_files = state.open_files.saturating_sub(1);
-            state.passthrough_writers = state.passthrough_writers.saturating_sub(bypasses as u32);
+            state.passthrough_opens = state.passthrough_opens.saturating_sub(bypasses as u32);
             if state.open_files > 0 {
                 return;
             }
@@ -575,7 +584,11 @@ impl View {
             return 0;
         };
         let now = allocated(&st);
-        let old = state.blocks.replace(now).unwrap_or(before);
+        let generation = self.quotas.generation();
+        let old = match state.blocks.replace((generation, now)) {
+            Some((g, known)) if g == generation => known,
+            _ => before,
+        };
         drop(state);
         let delta = now as i64 - old as i64;
         root.charge(delta);
@@ -760,17 +773,22 @@ impl View {
         if same {
             return Ok(None);
         }
+        // What moves must be countable: nothing open with passthrough (its writes would
+        // land unseen), no inode also reachable from outside what moves.
+        let path = self.rel_path(node).ok_or(Errno::EXDEV)?;
+        if to.is_some() && self.passthrough_open_under(&path).is_some() {
+            return Err(Errno::EXDEV);
+        }
         let (bytes, inodes) = if node.is_dir() {
-            if to.is_some() {
-                if let Some(path) = self.rel_path(node) {
-                    if !self.quotas.roots_under(&path).is_empty() {
-                        return Err(Errno::EXDEV);
-                    }
-                }
+            if to.is_some() && !self.quotas.roots_under(&path).is_empty() {
+                return Err(Errno::EXDEV);
             }
             let local = node.state().local.clone().ok_or(Errno::EXDEV)?;
-            let usage = scan::usage(local.as_fd())?;
-            (usage.bytes, usage.inodes)
+            let tree = scan::tree(local.as_fd())?;
+            if tree.hard_linked {
+                return Err(Errno::EXDEV);
+            }
+            (tree.usage.bytes, tree.usage.inodes)
         } else {
             let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
             let dir = parent.dir_fds().local.ok_or(Errno::ESTALE)?;
@@ -849,6 +867,39 @@ fn estimate(fd: BorrowedFd<'_>, st: &Stat, offset: u64, len: u64) -> u64 {
         return whole;
     }
     end.saturating_sub(round_up(size))
+}
+
+/// What a copy of the remote file `name` of `dir` will allocate in local: its data
+/// extents (the copy keeps holes), in whole local blocks. Not its `st_blocks`, which a
+/// compressing or network filesystem may report far below the data it holds.
+pub(super) fn copy_estimate(dir: BorrowedFd<'_>, name: &std::ffi::CStr, block: u64) -> u64 {
+    let Ok(fd) = store::open_at(dir, name, nix::fcntl::OFlag::O_RDONLY, 0) else {
+        return 0;
+    };
+    let Ok(st) = store::stat_fd(fd.as_fd()) else {
+        return 0;
+    };
+    let size = st.st_size.max(0) as u64;
+    let round_up = |x: u64| x.div_ceil(block) * block;
+    let seek = |at: u64, whence| {
+        let r = unsafe { libc::lseek(fd.as_raw_fd(), at as libc::off_t, whence) };
+        (r >= 0).then_some(r as u64)
+    };
+    let mut total = 0;
+    let mut at = 0;
+    while at < size {
+        let Some(data) = seek(at, libc::SEEK_DATA) else {
+            break;
+        };
+        let end = seek(data, libc::SEEK_HOLE).unwrap_or(size).min(size);
+        if end <= data {
+            // No SEEK_DATA support worth the name: count the whole file.
+            return round_up(size);
+        }
+        total += round_up(end) - data / block * block;
+        at = end;
+    }
+    total.min(round_up(size))
 }
 
 /// How many bytes from `offset` fit in `room` bytes of whole blocks.
