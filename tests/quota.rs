@@ -1730,3 +1730,337 @@ fn remount_keeps_limit_and_usage() {
     assert!(n <= room && n + ONE_WRITE + SLACK >= room, "{n} of {room}");
     assert_usage_matches_local(&m, "overlay/c1");
 }
+
+// ---- Regressions ---------------------------------------------------------------------------
+
+/// Whether files opened for writing outside a root get FUSE passthrough on this mount: then
+/// a quota cannot be set over one of them (as `a_handle_opened_before_the_quota_was_set_
+/// cannot_bypass_it` relies on). Probes with a throwaway dir `overlay/<name>`.
+fn passthrough_in_use(m: &Mount, name: &str) -> bool {
+    let dir = m.path(&format!("overlay/{name}"));
+    fs::create_dir(&dir).unwrap();
+    let f = fs::File::create(dir.join("p")).unwrap();
+    let out = quota_cmd(m, "set", &[&format!("overlay/{name}"), "1M", "--json"]);
+    drop(f);
+    if out.status.success() {
+        quota_ok(m, "clear", &[&format!("overlay/{name}")]);
+        false
+    } else {
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("passthrough"),
+            "quota set over a file open for writing failed for another reason: {err}"
+        );
+        true
+    }
+}
+
+/// `rename(2)` that retries while it fails with `EXDEV` (a RELEASE that has not arrived
+/// yet), for up to 10 s.
+fn rename_when_closed(from: &Path, to: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match fs::rename(from, to) {
+            Ok(()) => return,
+            Err(e) if errno(&e) == libc::EXDEV && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(e) => panic!(
+                "rename {} -> {} after the last close: {e}",
+                from.display(),
+                to.display()
+            ),
+        }
+    }
+}
+
+/// A file unlinked while open stays charged to, and limited by, its root, even after some
+/// unrelated rename elsewhere in the mount.
+#[test]
+fn an_unlinked_open_file_stays_limited_after_renames_elsewhere() {
+    let m = mount();
+    let q = root(&m, "q", "8M", &[]);
+    let base = used(&m, "overlay/q");
+    let other = m.path("overlay/other");
+    fs::create_dir(&other).unwrap();
+    write_file(&other.join("x"), 4096, 1);
+    let mut log = fs::File::create(q.join("log")).unwrap();
+    log.write_all(&pattern(64 * KIB as usize, 2)).unwrap();
+    fs::remove_file(q.join("log")).unwrap();
+    fs::rename(other.join("x"), other.join("y")).unwrap();
+    fs::create_dir(other.join("sub")).unwrap();
+    fs::rename(other.join("y"), other.join("sub/z")).unwrap();
+
+    let room = 8 * MIB - used(&m, "overlay/q");
+    let (n, e) = fill(&mut log, MIB as usize, 64 * MIB);
+    assert_eq!(
+        e,
+        libc::ENOSPC,
+        "writing to the unlinked open file: {}",
+        errname(e)
+    );
+    assert!(
+        n <= room && n + ONE_WRITE + SLACK >= room,
+        "{n} bytes written with {room} bytes of room"
+    );
+    let full = used(&m, "overlay/q");
+    assert!(full <= 8 * MIB + SLACK, "usage {full} over an 8 MiB limit");
+    drop(log);
+    used_until(&m, "overlay/q", "credited at the last close", |u| {
+        u <= base + SLACK
+    });
+    assert_usage_matches_local(&m, "overlay/q");
+    assert!(fs::read(other.join("sub/z")).unwrap() == pattern(4096, 1));
+}
+
+/// A file open with passthrough cannot move into a root (its writes would go uncounted):
+/// the rename fails with `EXDEV`, and succeeds once it is closed. Without passthrough, the
+/// rename succeeds at once and writes through the open handle are counted and limited.
+#[test]
+fn a_file_open_with_passthrough_cannot_be_renamed_into_a_root() {
+    let m = mount();
+    let passthrough = passthrough_in_use(&m, "probe");
+    let q = root(&m, "q", "8M", &[]);
+    let base = used(&m, "overlay/q");
+    let out = m.path("overlay/out");
+    fs::create_dir(&out).unwrap();
+    let data = write_file(&out.join("f"), MIB as usize, 3);
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(out.join("f"))
+        .unwrap();
+    f.write_all(&[9u8; 4096]).unwrap();
+
+    if passthrough {
+        assert_errno(
+            "rename of a file open with passthrough into a root",
+            fs::rename(out.join("f"), q.join("f")),
+            libc::EXDEV,
+        );
+        assert!(out.join("f").is_file(), "the source is still there");
+        assert!(!q.join("f").exists(), "nothing arrived in the root");
+        assert_eq!(used(&m, "overlay/q"), base, "nothing was charged");
+        // Writes through the handle still work where the file is.
+        f.write_all(&[8u8; 4096]).unwrap();
+        drop(f);
+        rename_when_closed(&out.join("f"), &q.join("f"));
+        let u = assert_usage_matches_local(&m, "overlay/q").used;
+        assert_close(
+            "the root after the file moved in",
+            u,
+            base + MIB + 8192,
+            SLACK,
+        );
+        // Reopened in the root, it is counted and limited.
+        let mut g = fs::OpenOptions::new()
+            .append(true)
+            .open(q.join("f"))
+            .unwrap();
+        let room = 8 * MIB - u;
+        let (n, e) = fill(&mut g, MIB as usize, 64 * MIB);
+        assert_eq!(e, libc::ENOSPC, "{}", errname(e));
+        assert!(n <= room && n + ONE_WRITE + SLACK >= room, "{n} of {room}");
+    } else {
+        fs::rename(out.join("f"), q.join("f")).expect("rename without passthrough");
+        assert_close(
+            "the root after the open file moved in",
+            used(&m, "overlay/q"),
+            base + MIB + 4096,
+            SLACK,
+        );
+        let room = 8 * MIB - used(&m, "overlay/q");
+        let (n, e) = fill(&mut f, MIB as usize, 64 * MIB);
+        assert_eq!(
+            e,
+            libc::ENOSPC,
+            "writes through a handle opened before the move: {}",
+            errname(e)
+        );
+        assert!(n <= room && n + ONE_WRITE + SLACK >= room, "{n} of {room}");
+        drop(f);
+    }
+    let q_after = assert_usage_matches_local(&m, "overlay/q");
+    assert!(q_after.used <= q_after.limit + SLACK, "{q_after:?}");
+    let head = fs::read(q.join("f")).unwrap();
+    assert!(head[..MIB as usize] == data[..], "the data moved intact");
+}
+
+/// A directory holding a file with a hard link outside it cannot leave its root (the link
+/// left behind would keep the space): `EXDEV`, until the other link is gone.
+#[test]
+fn a_directory_with_hard_links_does_not_move_between_roots() {
+    let m = mount();
+    let q = root(&m, "q", "8M", &[]);
+    let out = m.path("overlay/out");
+    fs::create_dir(&out).unwrap();
+    fs::create_dir(q.join("d")).unwrap();
+    let data = write_file(&q.join("d/big"), MIB as usize, 4);
+    fs::hard_link(q.join("d/big"), q.join("keep")).unwrap();
+    let before = assert_usage_matches_local(&m, "overlay/q");
+
+    assert_errno(
+        "rename of a dir with a hard-linked file out of its root",
+        fs::rename(q.join("d"), out.join("d")),
+        libc::EXDEV,
+    );
+    assert!(q.join("d/big").is_file() && !out.join("d").exists());
+    assert_eq!(get(&m, "overlay/q"), before, "a failed rename moved usage");
+
+    fs::remove_file(q.join("keep")).unwrap();
+    let linked_once = used(&m, "overlay/q");
+    fs::rename(q.join("d"), out.join("d")).expect("rename once the other link is gone");
+    let after = assert_usage_matches_local(&m, "overlay/q");
+    let dropped = linked_once.saturating_sub(after.used);
+    assert!(
+        (MIB..=MIB + SLACK).contains(&dropped),
+        "usage went from {linked_once} to {} when a dir with 1 MiB moved out",
+        after.used
+    );
+    assert_eq!(after.inodes_used, before.inodes_used - 2);
+    assert!(fs::read(out.join("d/big")).unwrap() == data);
+}
+
+/// A file that leaves its root, grows outside and comes back is charged what it takes now,
+/// once.
+#[test]
+fn a_file_moved_out_grown_and_moved_back_is_counted_once() {
+    let m = mount();
+    let q = root(&m, "q", "16M", &[]);
+    let base = used(&m, "overlay/q");
+    let out = m.path("overlay/out");
+    fs::create_dir(&out).unwrap();
+    write_file(&q.join("f"), MIB as usize, 5);
+    fs::rename(q.join("f"), out.join("f")).unwrap();
+    assert_close(
+        "the root after f moved out",
+        used(&m, "overlay/q"),
+        base,
+        SLACK,
+    );
+    {
+        let mut g = fs::OpenOptions::new()
+            .append(true)
+            .open(out.join("f"))
+            .unwrap();
+        g.write_all(&pattern(3 * MIB as usize, 6)).unwrap();
+    }
+    fs::rename(out.join("f"), q.join("f")).unwrap();
+    {
+        let mut g = fs::OpenOptions::new()
+            .append(true)
+            .open(q.join("f"))
+            .unwrap();
+        g.write_all(&[1u8]).unwrap();
+    }
+    assert_eq!(fs::metadata(q.join("f")).unwrap().len(), 4 * MIB + 1);
+    let u = assert_usage_matches_local(&m, "overlay/q").used;
+    assert_close(
+        "the root with a 4 MiB + 1 file",
+        u,
+        base + 4 * MIB + 4096,
+        SLACK,
+    );
+}
+
+/// Only `.layerfs-quota.json` at the top is the engine's own: other names starting with
+/// `.layerfs-` are ordinary files, and the registry never shows through the mount.
+#[test]
+fn names_starting_with_layerfs_dash_are_ordinary() {
+    let m = mount();
+    root(&m, "q", "4M", &[]);
+    assert!(
+        m.local.join(".layerfs-quota.json").is_file(),
+        "the registry is in local"
+    );
+    assert!(
+        !names(&m.mnt).contains(&".layerfs-quota.json".to_owned()),
+        "the registry shows in readdir of the mount's root: {:?}",
+        names(&m.mnt)
+    );
+    assert_errno(
+        "lstat of the registry through the mount",
+        fs::symlink_metadata(m.path(".layerfs-quota.json")),
+        libc::ENOENT,
+    );
+
+    let c = m.path("overlay/c");
+    fs::create_dir(&c).unwrap();
+    fs::write(c.join(".layerfs-notes"), b"some notes\n").unwrap();
+    assert_eq!(names(&c), vec![".layerfs-notes".to_owned()]);
+    assert_eq!(fs::read(c.join(".layerfs-notes")).unwrap(), b"some notes\n");
+    assert_errno(
+        "rmdir of a dir holding it",
+        fs::remove_dir(&c),
+        libc::ENOTEMPTY,
+    );
+    assert_eq!(fs::read(c.join(".layerfs-notes")).unwrap(), b"some notes\n");
+    assert_eq!(names(&c), vec![".layerfs-notes".to_owned()]);
+    assert!(m.local.join("overlay/c/.layerfs-notes").is_file());
+}
+
+fn rename_exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    let (a, b) = (c_path(a), c_path(b));
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `renameat2(RENAME_EXCHANGE)` of a quota root with a plain directory: the quota goes with
+/// the root's directory to its new name, and stays there after a remount.
+#[test]
+fn exchanging_a_root_with_a_plain_directory_keeps_its_quota_across_a_remount() {
+    let mut m = mount();
+    let a = root(&m, "a", "4M", &[]);
+    write_file(&a.join("in-root"), MIB as usize, 7);
+    let b = m.path("overlay/b");
+    fs::create_dir(&b).unwrap();
+    write_file(&b.join("plain"), 2 * MIB as usize, 8);
+    let before = get(&m, "overlay/a");
+
+    rename_exchange(&a, &b).expect("renameat2(RENAME_EXCHANGE) of a root and a plain dir");
+    assert!(b.join("in-root").is_file() && a.join("plain").is_file());
+    let q = assert_usage_matches_local(&m, "overlay/b");
+    assert_eq!(q.limit, 4 * MIB);
+    assert_eq!(q.used, before.used, "the usage moved with the root");
+    let err = quota_err(&m, "get", &["overlay/a"]);
+    assert!(
+        err.contains("not a quota root"),
+        "quota get overlay/a: {err}"
+    );
+    assert_eq!(
+        list(&m).iter().map(|q| q.path.as_str()).collect::<Vec<_>>(),
+        ["overlay/b"]
+    );
+    // Still enforced under its new name, and not on the old one.
+    let mut big = fs::File::create(b.join("more")).unwrap();
+    let (_, e) = fill(&mut big, MIB as usize, 64 * MIB);
+    assert_eq!(e, libc::ENOSPC, "{}", errname(e));
+    drop(big);
+    write_file(&a.join("free"), 6 * MIB as usize, 9);
+    let after = assert_usage_matches_local(&m, "overlay/b");
+
+    m.remount(&Options::default());
+    m.wait_for_control();
+    let q = get(&m, "overlay/b");
+    assert_eq!(q.limit, 4 * MIB, "the limit after a remount");
+    assert_eq!(q.used, after.used, "the usage after a remount");
+    let err = quota_err(&m, "get", &["overlay/a"]);
+    assert!(
+        err.contains("not a quota root"),
+        "quota get overlay/a after a remount: {err}"
+    );
+    assert_eq!(
+        list(&m).iter().map(|q| q.path.as_str()).collect::<Vec<_>>(),
+        ["overlay/b"]
+    );
+}

@@ -302,14 +302,22 @@ impl Quotas {
             .collect()
     }
 
-    /// A directory moved from `from` to `to`: roots at or under it move with it. Returns
-    /// whether any did.
-    pub fn moved(&self, from: &Path, to: &Path) -> bool {
+    /// Directories moved, each `(from, to)`, all at once (an exchange swaps two): roots at
+    /// or under one move with it. Returns whether any did.
+    pub fn moved(&self, moves: &[(PathBuf, PathBuf)]) -> bool {
         let mut any = false;
         for root in self.roots.read().values() {
             let path = root.path();
-            if let Ok(rest) = path.strip_prefix(from) {
-                root.set_path(to.join(rest));
+            let new = moves.iter().find_map(|(from, to)| {
+                let rest = path.strip_prefix(from).ok()?;
+                Some(if rest.as_os_str().is_empty() {
+                    to.clone()
+                } else {
+                    to.join(rest)
+                })
+            });
+            if let Some(new) = new {
+                root.set_path(new);
                 any = true;
             }
         }
@@ -408,11 +416,15 @@ mod tests {
         q.insert(root(1, 0));
         assert!(!q.is_empty());
         assert!(q.generation() > g);
-        assert!(q.moved(Path::new("overlay"), Path::new("old/overlay")));
+        let moving = |from: &str, to: &str| (PathBuf::from(from), PathBuf::from(to));
+        assert!(q.moved(&[moving("overlay", "old/overlay")]));
         assert_eq!(q.root(1, 2).unwrap().path(), Path::new("old/overlay/c1"));
-        assert!(!q.moved(Path::new("overlay/c"), Path::new("x")));
-        assert_eq!(q.roots_under(Path::new("old")).len(), 1);
-        assert!(q.roots_under(Path::new("ol")).is_empty());
+        assert!(!q.moved(&[moving("overlay/c", "x")]));
+        // An exchange: both moves apply to the paths from before it.
+        assert!(q.moved(&[moving("old/overlay/c1", "b"), moving("b", "old/overlay/c1")]));
+        assert_eq!(q.root(1, 2).unwrap().path().as_os_str(), "b");
+        assert_eq!(q.roots_under(Path::new("b")).len(), 1);
+        assert!(q.roots_under(Path::new("old")).is_empty());
         q.remove(1, 2);
         assert!(q.is_empty());
     }

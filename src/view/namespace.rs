@@ -463,10 +463,11 @@ impl View {
             st.remove_alias(parent.ino, name);
             st.add_alias(&new_parent, new_name);
         }
-        self.renamed(&src.node, src_old_path);
+        let mut moved = vec![(&src.node, src_old_path)];
         if let Some(dst) = dst.as_ref().filter(|_| exchange) {
-            self.renamed(&dst.node, dst_old_path);
+            moved.push((&dst.node, dst_old_path));
         }
+        self.renamed(&moved);
         Ok(())
     }
 

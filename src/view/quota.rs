@@ -816,13 +816,20 @@ impl View {
 
     /// After a rename: the roots under a moved directory follow it, and every node's
     /// cached root is re-derived.
-    pub(super) fn renamed(&self, node: &Arc<Node>, old_path: Option<PathBuf>) {
+    /// `moved`: each moved node with its path from before the rename (one node, or two
+    /// for an exchange).
+    pub(super) fn renamed(&self, moved: &[(&Arc<Node>, Option<PathBuf>)]) {
         if self.quotas.is_empty() {
             return;
         }
-        if let (true, Some(old), Some(new)) = (node.is_dir(), old_path, self.rel_path(node)) {
+        let moves: Vec<(PathBuf, PathBuf)> = moved
+            .iter()
+            .filter(|(node, _)| node.is_dir())
+            .filter_map(|(node, old)| Some((old.clone()?, self.rel_path(node)?)))
+            .collect();
+        if !moves.is_empty() {
             let _changes = self.quotas.lock_changes();
-            if self.quotas.moved(&old, &new) {
+            if self.quotas.moved(&moves) {
                 if let Err(e) = self.save_quotas() {
                     warn!(error = %e, "the quota registry keeps the old path of a moved root");
                 }
