@@ -56,6 +56,7 @@ pub struct QuotaRoot {
     used: AtomicU64,
     reserved: AtomicU64,
     inodes: AtomicU64,
+    reserved_inodes: AtomicU64,
     errno: Errno,
 }
 
@@ -77,6 +78,7 @@ impl QuotaRoot {
             used: AtomicU64::new(usage.bytes),
             reserved: AtomicU64::new(0),
             inodes: AtomicU64::new(usage.inodes),
+            reserved_inodes: AtomicU64::new(0),
             errno,
         }
     }
@@ -131,37 +133,27 @@ impl QuotaRoot {
     /// they do not fit. Nothing always fits: overwriting allocated data, shrinking and
     /// punching holes work even over the limit (after the limit was lowered).
     pub fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Reservation, Errno> {
-        let limit = self.limit.load(Ordering::Relaxed);
-        let mut reserved = self.reserved.load(Ordering::Acquire);
-        loop {
-            let used = self.used.load(Ordering::Acquire);
-            if bytes > 0 && used.saturating_add(reserved).saturating_add(bytes) > limit {
-                return Err(self.errno);
-            }
-            match self.reserved.compare_exchange_weak(
-                reserved,
-                reserved + bytes,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    return Ok(Reservation {
-                        root: self.clone(),
-                        bytes,
-                    })
-                }
-                Err(now) => reserved = now,
-            }
-        }
+        self.reserve_with_inodes(bytes, 0)
     }
 
-    /// Whether `count` more inodes fit under the inode limit.
-    pub fn admit_inodes(&self, count: u64) -> Result<(), Errno> {
-        let limit = self.inode_limit.load(Ordering::Relaxed);
-        if limit != UNLIMITED && self.inodes.load(Ordering::Acquire) + count > limit {
-            return Err(self.errno);
-        }
-        Ok(())
+    /// Like [`QuotaRoot::reserve`], with `inodes` new inodes set aside too (when there is
+    /// an inode limit).
+    pub fn reserve_with_inodes(
+        self: &Arc<Self>,
+        bytes: u64,
+        inodes: u64,
+    ) -> Result<Reservation, Errno> {
+        let inode_limit = self.inode_limit.load(Ordering::Relaxed);
+        set_aside(&self.reserved_inodes, &self.inodes, inodes, inode_limit).ok_or(self.errno)?;
+        let mut reservation = Reservation {
+            root: self.clone(),
+            bytes: 0,
+            inodes,
+        };
+        let limit = self.limit.load(Ordering::Relaxed);
+        set_aside(&self.reserved, &self.used, bytes, limit).ok_or(self.errno)?;
+        reservation.bytes = bytes;
+        Ok(reservation)
     }
 
     /// Records a change of allocated bytes (negative: freed).
@@ -188,6 +180,26 @@ impl QuotaRoot {
     }
 }
 
+/// Adds `amount` to `reserved` if `used + reserved + amount` stays within `limit`; an
+/// amount of zero always fits.
+fn set_aside(reserved: &AtomicU64, used: &AtomicU64, amount: u64, limit: u64) -> Option<()> {
+    if amount == 0 {
+        return Some(());
+    }
+    let mut now = reserved.load(Ordering::Acquire);
+    loop {
+        let taken = used.load(Ordering::Acquire).saturating_add(now);
+        if taken.saturating_add(amount) > limit {
+            return None;
+        }
+        match reserved.compare_exchange_weak(now, now + amount, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return Some(()),
+            Err(seen) => now = seen,
+        }
+    }
+}
+
 /// Adds a signed delta to a counter, never going below zero (a credit for space that was
 /// allocated before the count began must not wrap around).
 fn add_signed(counter: &AtomicU64, delta: i64) {
@@ -206,11 +218,15 @@ fn add_signed(counter: &AtomicU64, delta: i64) {
 pub struct Reservation {
     root: Arc<QuotaRoot>,
     bytes: u64,
+    inodes: u64,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.root.reserved.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.root
+            .reserved_inodes
+            .fetch_sub(self.inodes, Ordering::AcqRel);
     }
 }
 
@@ -380,14 +396,21 @@ mod tests {
 
     #[test]
     fn inode_limit() {
+        // Limit 3, one in use.
         let r = root(10_000, 0);
-        assert!(r.admit_inodes(2).is_ok());
-        assert_eq!(r.admit_inodes(3).unwrap_err(), Errno::ENOSPC);
+        let a = r.reserve_with_inodes(0, 1).unwrap();
+        let b = r.reserve_with_inodes(0, 1).unwrap();
+        assert_eq!(r.reserve_with_inodes(0, 1).unwrap_err(), Errno::ENOSPC);
+        // A refused byte reservation gives its inodes back.
+        drop(b);
+        assert_eq!(r.reserve_with_inodes(20_000, 1).unwrap_err(), Errno::ENOSPC);
+        assert!(r.reserve_with_inodes(0, 1).is_ok());
+        drop(a);
         r.set_limit(Limit {
             bytes: 10_000,
             inodes: None,
         });
-        assert!(r.admit_inodes(1_000_000).is_ok());
+        assert!(r.reserve_with_inodes(0, 1_000_000).is_ok());
     }
 
     #[test]

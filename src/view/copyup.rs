@@ -42,10 +42,7 @@ impl View {
         let parent_times = store::stat_fd(parent_fd.as_fd())?;
         let root = self.quota_of(node);
         let _room = match &root {
-            Some(root) => {
-                root.admit_inodes(1)?;
-                Some(root.reserve(self.local_block_size())?)
-            }
+            Some(root) => Some(root.reserve_with_inodes(self.local_block_size(), 1)?),
             None => None,
         };
 
@@ -116,7 +113,6 @@ impl View {
         let root = self.quota_of(&parent);
         let _room = match &root {
             Some(root) => {
-                root.admit_inodes(1)?;
                 let needs = match (layer, node.kind) {
                     (Layer::Remote, Kind::File) if with_data => {
                         parent.dir_fds().remote().map_or(NEEDS_ROOM, |r| {
@@ -125,7 +121,7 @@ impl View {
                     }
                     _ => NEEDS_ROOM,
                 };
-                Some(root.reserve(needs)?)
+                Some(root.reserve_with_inodes(needs, 1)?)
             }
             None => None,
         };

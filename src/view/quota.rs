@@ -454,8 +454,7 @@ impl View {
         let Some(root) = self.quota_of(parent) else {
             return op();
         };
-        root.admit_inodes(inodes)?;
-        let reservation = root.reserve(estimate)?;
+        let reservation = root.reserve_with_inodes(estimate, inodes)?;
         // Any copy-up of the directory is charged by itself, before "before".
         let dir = self.ensure_local_dir(parent)?;
         let before = dir_blocks(dir.as_fd());
@@ -799,10 +798,7 @@ impl View {
             (allocated(&st), 1)
         };
         let room = match &to {
-            Some(to) => {
-                to.admit_inodes(inodes)?;
-                Some(to.reserve(bytes)?)
-            }
+            Some(to) => Some(to.reserve_with_inodes(bytes, inodes)?),
             None => None,
         };
         Ok(Some(Move {
