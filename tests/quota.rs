@@ -897,15 +897,15 @@ fn eight_parallel_writers_overshoot_by_at_most_one_write_each() {
     let c1 = root(&m, "c1", "32M", &[]);
     let base = used(&m, "overlay/c1");
     let limit = 32 * MIB;
+    // Made before any writer starts: a full root takes no new names, and a writer that
+    // started late would find it full.
+    let files: Vec<fs::File> = (0..8)
+        .map(|i| fs::File::create(c1.join(format!("w{i}"))).unwrap())
+        .collect();
     let results: Vec<(u64, i32)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|i| {
-                let p = c1.join(format!("w{i}"));
-                s.spawn(move || {
-                    let mut f = fs::File::create(p).unwrap();
-                    fill(&mut f, MIB as usize, 1 << 30)
-                })
-            })
+        let handles: Vec<_> = files
+            .into_iter()
+            .map(|mut f| s.spawn(move || fill(&mut f, MIB as usize, 1 << 30)))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
