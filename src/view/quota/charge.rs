@@ -1,0 +1,302 @@
+//! The accounting around calls that make, remove or move names inside a quota root, and
+//! the per-file measurements every charge ends with.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use tracing::warn;
+
+use super::block_size;
+use crate::quota::scan::{self, allocated};
+use crate::quota::table::{QuotaRoot, Reservation};
+use crate::store;
+use crate::view::node::Node;
+use crate::view::{Stat, View};
+
+/// The estimate of calls that make a new name: they need a root that is not full, as on
+/// XFS, where a new entry reserves directory space.
+pub(in crate::view) const NEEDS_ROOM: u64 = 1;
+
+/// What happens to a quota root's usage when something moves between roots.
+pub(in crate::view) struct Move {
+    from: Option<Arc<QuotaRoot>>,
+    to: Option<Arc<QuotaRoot>>,
+    bytes: u64,
+    inodes: u64,
+    _room: Option<Reservation>,
+}
+
+impl Move {
+    /// Carries the usage over, once the rename is done.
+    pub(in crate::view) fn commit(self) {
+        if let Some(from) = &self.from {
+            from.charge(-(self.bytes as i64));
+            from.charge_inodes(-(self.inodes as i64));
+        }
+        if let Some(to) = &self.to {
+            to.charge(self.bytes as i64);
+            to.charge_inodes(self.inodes as i64);
+        }
+    }
+}
+
+impl View {
+    /// Runs `op`, which makes one new object in the directory `parent`, inside the quota
+    /// of `parent`: `estimate` bytes must fit, and what the directory and the new object
+    /// (`made`) allocate is charged, plus one inode.
+    pub(in crate::view) fn allocating<T>(
+        &self,
+        parent: &Arc<Node>,
+        estimate: u64,
+        inodes: u64,
+        op: impl FnOnce() -> Result<T, Errno>,
+        made: impl FnOnce(&T) -> u64,
+    ) -> Result<T, Errno> {
+        let Some(root) = self.quota_of(parent) else {
+            return op();
+        };
+        let reservation = root.reserve_with_inodes(estimate, inodes)?;
+        // Any copy-up of the directory is charged by itself, before "before".
+        let dir = self.ensure_local_dir(parent)?;
+        let before = dir_blocks(dir.as_fd());
+        let out = op()?;
+        let grown = dir_blocks(dir.as_fd()) as i64 - before as i64;
+        root.charge(grown + made(&out) as i64);
+        root.charge_inodes(inodes as i64);
+        drop(reservation);
+        Ok(out)
+    }
+
+    /// Counts `delta` more (or fewer) inodes under `node`'s root: whiteouts made or removed.
+    pub(in crate::view) fn charge_inodes(&self, node: &Arc<Node>, delta: i64) {
+        if let Some(root) = self.quota_of(node) {
+            root.charge_inodes(delta);
+        }
+    }
+
+    /// The block size of local's filesystem: what a new directory costs at least.
+    pub(in crate::view) fn local_block_size(&self) -> u64 {
+        store::stat_fd(self.local_root.as_fd())
+            .map(|st| block_size(&st))
+            .unwrap_or(4096)
+    }
+
+    /// Charges what a change of a directory's entries made it grow by (`before` from
+    /// [`dir_blocks`]), and `inodes` more or fewer inodes, to the directory's root.
+    pub(in crate::view) fn charge_dir(
+        &self,
+        dir_node: &Arc<Node>,
+        dir: BorrowedFd<'_>,
+        before: u64,
+        inodes: i64,
+    ) {
+        if let Some(root) = self.quota_of(dir_node) {
+            root.charge(dir_blocks(dir) as i64 - before as i64);
+            root.charge_inodes(inodes);
+        }
+    }
+
+    /// Credits the space of an object whose last name is gone, or, for a file still
+    /// open, marks it to be credited at its last close (as a filesystem frees it then).
+    pub(in crate::view) fn credit_removed(
+        &self,
+        root: Option<Arc<QuotaRoot>>,
+        node: &Node,
+        st: &Stat,
+    ) {
+        let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        // A removed quota root takes its quota with it.
+        if is_dir && self.quotas.root(st.st_dev, st.st_ino).is_some() {
+            let _changes = self.quotas.lock_changes();
+            self.quotas.remove(st.st_dev, st.st_ino);
+            if let Err(e) = self.save_quotas() {
+                warn!(error = %e, "a removed quota root stays in the registry");
+            }
+            return;
+        }
+        let Some(root) = root else {
+            return;
+        };
+        if !is_dir && st.st_nlink > 1 {
+            return;
+        }
+        if !is_dir {
+            let mut state = node.state();
+            if state.open_files > 0 {
+                state.orphan_of = Some(root);
+                return;
+            }
+        }
+        root.charge(-(allocated(st) as i64));
+        root.charge_inodes(-1);
+    }
+
+    /// An open of `node` was made (see [`View::released`]); `bypasses`: it does its I/O
+    /// with FUSE passthrough.
+    pub fn opened(&self, node: &Node, bypasses: bool) {
+        let mut state = node.state();
+        state.open_files += 1;
+        state.passthrough_opens += bypasses as u32;
+    }
+
+    /// Measures a file again after its data reached the disk: a filesystem may allocate
+    /// metadata (extent blocks) only at writeback, after the write was charged.
+    pub fn resettle(&self, node: &Arc<Node>, fd: BorrowedFd<'_>) {
+        let generation = self.quotas.generation();
+        if !matches!(node.state().blocks, Some((g, _)) if g == generation) {
+            return;
+        }
+        if let Some(root) = self.quota_of(node) {
+            self.settle(&root, node, fd, 0);
+        }
+    }
+
+    /// An open of `node` was closed; the last close of a file whose names are all gone
+    /// frees its space.
+    pub fn released(&self, node: &Arc<Node>, fd: BorrowedFd<'_>, bypasses: bool) {
+        self.resettle(node, fd);
+        let orphan = {
+            let mut state = node.state();
+            state.open_files = state.open_files.saturating_sub(1);
+            state.passthrough_opens = state.passthrough_opens.saturating_sub(bypasses as u32);
+            if state.open_files > 0 {
+                return;
+            }
+            state.orphan_of.take()
+        };
+        if let Some(root) = orphan {
+            if let Ok(st) = store::stat_fd(fd) {
+                root.charge(-(allocated(&st) as i64));
+                root.charge_inodes(-1);
+            }
+        }
+    }
+
+    /// Records what a file under `root` holds now; `before` is what it held before the
+    /// call that changed it, used if this is the first change seen since the node was made.
+    /// Returns the change charged.
+    pub(in crate::view) fn settle(
+        &self,
+        root: &QuotaRoot,
+        node: &Node,
+        fd: BorrowedFd<'_>,
+        before: u64,
+    ) -> i64 {
+        // Measured under the node's lock, so that concurrent calls on one file each
+        // charge what happened since the previous measurement, in order.
+        let mut state = node.state();
+        let Ok(st) = store::stat_fd(fd) else {
+            return 0;
+        };
+        let now = allocated(&st);
+        let generation = self.quotas.generation();
+        let old = match state.blocks.replace((generation, now)) {
+            Some((g, known)) if g == generation => known,
+            _ => before,
+        };
+        drop(state);
+        let delta = now as i64 - old as i64;
+        root.charge(delta);
+        delta
+    }
+
+    /// Plans moving `node` (a name of `from_dir`) into `to_dir`: where both are under the
+    /// same root (or none), nothing moves; otherwise its usage moves and the destination
+    /// must have room. Quota roots do not nest, so a directory holding one cannot move
+    /// under another (`EXDEV`, like a move between XFS projects); neither can one of
+    /// several hard links.
+    pub(in crate::view) fn plan_move(
+        &self,
+        node: &Arc<Node>,
+        from_dir: &Arc<Node>,
+        to_dir: &Arc<Node>,
+    ) -> Result<Option<Move>, Errno> {
+        if self.quotas.is_empty() {
+            return Ok(None);
+        }
+        let to = self.quota_of(to_dir);
+        if node.is_dir() && self.own_root(node).is_some() {
+            return if to.is_some() {
+                Err(Errno::EXDEV)
+            } else {
+                Ok(None)
+            };
+        }
+        let from = self.quota_of(from_dir);
+        let same = match (&from, &to) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            return Ok(None);
+        }
+        // What moves must be countable: nothing open with passthrough (its writes would
+        // land unseen), no inode also reachable from outside what moves.
+        let path = self.rel_path(node).ok_or(Errno::EXDEV)?;
+        if to.is_some() && self.passthrough_open_under(&path).is_some() {
+            return Err(Errno::EXDEV);
+        }
+        let (bytes, inodes) = if node.is_dir() {
+            if to.is_some() && !self.quotas.roots_under(&path).is_empty() {
+                return Err(Errno::EXDEV);
+            }
+            let local = node.state().local.clone().ok_or(Errno::EXDEV)?;
+            let tree = scan::tree(local.as_fd())?;
+            if tree.hard_linked {
+                return Err(Errno::EXDEV);
+            }
+            (tree.usage.bytes, tree.usage.inodes)
+        } else {
+            let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
+            let dir = parent.dir_fds().local.ok_or(Errno::ESTALE)?;
+            let st = store::stat_at(dir.as_fd(), &store::cname(&name)?)?;
+            if st.st_nlink > 1 {
+                return Err(Errno::EXDEV);
+            }
+            (allocated(&st), 1)
+        };
+        let room = match &to {
+            Some(to) => Some(to.reserve_with_inodes(bytes, inodes)?),
+            None => None,
+        };
+        Ok(Some(Move {
+            from,
+            to,
+            bytes,
+            inodes,
+            _room: room,
+        }))
+    }
+
+    /// After a rename: the roots under a moved directory follow it, and every node's
+    /// cached root is re-derived.
+    /// `moved`: each moved node with its path from before the rename (one node, or two
+    /// for an exchange).
+    pub(in crate::view) fn renamed(&self, moved: &[(&Arc<Node>, Option<PathBuf>)]) {
+        if self.quotas.is_empty() {
+            return;
+        }
+        let moves: Vec<(PathBuf, PathBuf)> = moved
+            .iter()
+            .filter(|(node, _)| node.is_dir())
+            .filter_map(|(node, old)| Some((old.clone()?, self.rel_path(node)?)))
+            .collect();
+        if !moves.is_empty() {
+            let _changes = self.quotas.lock_changes();
+            if self.quotas.moved(&moves) {
+                if let Err(e) = self.save_quotas() {
+                    warn!(error = %e, "the quota registry keeps the old path of a moved root");
+                }
+            }
+        }
+        self.quotas.bump();
+    }
+}
+
+/// Allocated bytes of a directory, 0 when it cannot be read.
+pub(in crate::view) fn dir_blocks(dir: BorrowedFd<'_>) -> u64 {
+    store::stat_fd(dir).map(|st| allocated(&st)).unwrap_or(0)
+}

@@ -1,0 +1,445 @@
+//! Quotas in the view (DESIGN §6): which quota root a node is under, and setting, clearing,
+//! saving and loading roots. The bookkeeping itself (limits, usage, reservations) is
+//! [`crate::quota`]; the accounting around each call that allocates is in [`charge`] (names)
+//! and [`io`] (file data).
+//!
+//! Every allocating call inside a root follows the same steps: reserve what it may
+//! allocate, run, measure what it did allocate (`st_blocks` after minus before), charge
+//! that, release the reservation. For files the "before" is remembered per node
+//! (`NodeState::blocks`), so that concurrent writes to one file are each charged once.
+
+mod charge;
+mod io;
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use tracing::{info, warn};
+
+use super::inodes::ROOT_INO;
+use super::node::Node;
+use super::{Caller, Stat, View};
+use crate::control::protocol::{QuotaAnswer, QuotaInfo, QuotaRequest};
+use crate::quota::persist::{self, Registry};
+use crate::quota::scan;
+use crate::quota::size::{parse_size, SizeError};
+use crate::quota::table::{Limit, QuotaRoot};
+use crate::store;
+
+pub(in crate::view) use charge::{dir_blocks, NEEDS_ROOM};
+pub(in crate::view) use io::copy_estimate;
+
+/// The attribute through which a runtime sets a directory's quota without our CLI.
+pub const QUOTA_XATTR: &[u8] = b"user.layerfs.quota";
+
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    #[error("{path}: {source}")]
+    Sys { path: String, source: Errno },
+    #[error("{path} is inside the quota root {root}; quota roots do not nest")]
+    Inside { path: String, root: String },
+    #[error("{path} contains the quota root {root}; quota roots do not nest")]
+    Contains { path: String, root: String },
+    #[error("{path} is not a quota root")]
+    NotRoot { path: String },
+    #[error(
+        "{file} is open with FUSE passthrough, whose writes a quota on {path} could not \
+         count; close it, or set quotas before files are opened"
+    )]
+    Busy { path: String, file: String },
+    #[error(transparent)]
+    Size(#[from] SizeError),
+    #[error("saving the quota registry: {0}")]
+    Save(#[from] persist::RegistryError),
+}
+
+impl QuotaError {
+    /// The errno the xattr interface answers with.
+    pub fn errno(&self) -> Errno {
+        match self {
+            QuotaError::Sys { source, .. } => *source,
+            QuotaError::Inside { .. } | QuotaError::Contains { .. } | QuotaError::Busy { .. } => {
+                Errno::EBUSY
+            }
+            QuotaError::NotRoot { .. } => Errno::ENODATA,
+            QuotaError::Size(_) => Errno::EINVAL,
+            QuotaError::Save(_) => Errno::EIO,
+        }
+    }
+}
+
+impl View {
+    /// The quota root `node` is under (a directory is under itself when it is one).
+    pub fn quota_of(&self, node: &Arc<Node>) -> Option<Arc<QuotaRoot>> {
+        if self.quotas.is_empty() {
+            return None;
+        }
+        let generation = self.quotas.generation();
+        {
+            let state = node.state();
+            // A file deleted while open has no name to find its root by, and is charged
+            // to the root it was deleted from until its last close.
+            if let Some(root) = &state.orphan_of {
+                return Some(root.clone());
+            }
+            if let Some((g, root)) = &state.quota {
+                if *g == generation {
+                    return root.clone();
+                }
+            }
+        }
+        let root = self.own_root(node).or_else(|| {
+            node.primary()
+                .and_then(|(parent, _)| self.quota_of(&parent))
+        });
+        node.state().quota = Some((generation, root.clone()));
+        root
+    }
+
+    /// The root `node` is, if it is one.
+    fn own_root(&self, node: &Node) -> Option<Arc<QuotaRoot>> {
+        if !node.is_dir() {
+            return None;
+        }
+        let local = node.state().local.clone()?;
+        let st = store::stat_fd(local.as_fd()).ok()?;
+        self.quotas.root(st.st_dev, st.st_ino)
+    }
+
+    /// A node's path from the mount's root, by the names it was reached through.
+    pub fn rel_path(&self, node: &Arc<Node>) -> Option<PathBuf> {
+        let mut names = Vec::new();
+        let mut at = node.clone();
+        while at.ino != ROOT_INO {
+            let (parent, name) = at.primary()?;
+            names.push(name);
+            at = parent;
+        }
+        Some(names.iter().rev().collect())
+    }
+
+    /// Finds a directory of the view by its path from the mount's root, and runs `then`
+    /// on it while the whole path is held (a node nobody holds may be dropped, and its
+    /// children with it).
+    fn at_path<T>(
+        &self,
+        path: &str,
+        then: impl FnOnce(&Arc<Node>) -> Result<T, QuotaError>,
+    ) -> Result<T, QuotaError> {
+        let sys = |source| QuotaError::Sys {
+            path: path.to_owned(),
+            source,
+        };
+        let mut held = Vec::new();
+        let mut found = self.node(ROOT_INO).map_err(sys);
+        for part in Path::new(path).components() {
+            let Ok(node) = &found else {
+                break;
+            };
+            let name = match part {
+                Component::RootDir | Component::CurDir => continue,
+                Component::Normal(name) => name,
+                _ => {
+                    found = Err(sys(Errno::EINVAL));
+                    break;
+                }
+            };
+            found = self.lookup(node.ino, name).map_err(sys).map(|entry| {
+                held.push(entry.node.ino);
+                entry.node
+            });
+        }
+        let result = found.and_then(|node| then(&node));
+        for ino in held {
+            self.inodes.forget(ino, 1);
+        }
+        result
+    }
+
+    /// Answers a quota question from the control socket.
+    pub fn quota_request(&self, request: QuotaRequest) -> Result<QuotaAnswer, String> {
+        let one = |r: Result<QuotaInfo, QuotaError>| r.map(QuotaAnswer::One);
+        match request {
+            QuotaRequest::List => Ok(QuotaAnswer::Many(self.quota_list())),
+            QuotaRequest::Get { path } => one(self.at_path(&path, |node| {
+                self.own_root(node)
+                    .map(|r| r.info())
+                    .ok_or_else(|| QuotaError::NotRoot { path: path.clone() })
+            })),
+            QuotaRequest::Set { path, size, inodes } => {
+                one(self.at_path(&path, |node| match parse_size(&size)? {
+                    Some(bytes) => self
+                        .set_quota(node, Limit { bytes, inodes })
+                        .map(|r| r.info()),
+                    // An unset size asks for no quota: the directory keeps what it has.
+                    None => Ok(self.own_root(node).map(|r| r.info()).unwrap_or_default()),
+                }))
+            }
+            QuotaRequest::Clear { path } => one(self.at_path(&path, |node| self.clear_quota(node))),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    pub fn quota_list(&self) -> Vec<QuotaInfo> {
+        self.quotas.list().iter().map(|r| r.info()).collect()
+    }
+
+    /// Makes `node` a quota root with `limit`, or changes the limit of one.
+    pub fn set_quota(&self, node: &Arc<Node>, limit: Limit) -> Result<Arc<QuotaRoot>, QuotaError> {
+        let path = self.rel_path(node).unwrap_or_default();
+        let shown = path.display().to_string();
+        let sys = |source| QuotaError::Sys {
+            path: shown.clone(),
+            source,
+        };
+        if !node.is_dir() {
+            return Err(sys(Errno::ENOTDIR));
+        }
+        let _changes = self.quotas.lock_changes();
+        if let Some(root) = self.own_root(node) {
+            root.set_limit(limit);
+            self.save_quotas()?;
+            info!(path = %shown, limit = limit.bytes, "quota changed");
+            return Ok(root);
+        }
+        if let Some(above) = node.primary().and_then(|(p, _)| self.quota_of(&p)) {
+            return Err(QuotaError::Inside {
+                path: shown,
+                root: above.path().display().to_string(),
+            });
+        }
+        if let Some(below) = self.quotas.roots_under(&path).first() {
+            return Err(QuotaError::Contains {
+                path: shown,
+                root: below.path().display().to_string(),
+            });
+        }
+        // Writes that bypass the daemon could not be counted.
+        if let Some(file) = self.passthrough_open_under(&path) {
+            return Err(QuotaError::Busy {
+                path: shown,
+                file: file.display().to_string(),
+            });
+        }
+        let local = self.ensure_local_dir(node).map_err(sys)?;
+        let st = store::stat_fd(local.as_fd()).map_err(sys)?;
+        let usage = scan::usage(local.as_fd()).map_err(sys)?;
+        let root = Arc::new(QuotaRoot::new(
+            st.st_dev,
+            st.st_ino,
+            path,
+            limit,
+            usage,
+            self.quotas.errno(),
+        ));
+        self.quotas.insert(root.clone());
+        if let Err(e) = self.save_quotas() {
+            self.quotas.remove(st.st_dev, st.st_ino);
+            return Err(e);
+        }
+        info!(path = %shown, limit = limit.bytes, used = usage.bytes, "quota set");
+        Ok(root)
+    }
+
+    /// A file under `dir` that is open with FUSE passthrough.
+    fn passthrough_open_under(&self, dir: &Path) -> Option<PathBuf> {
+        self.inodes
+            .live()
+            .iter()
+            .filter(|n| n.state().passthrough_opens > 0)
+            .filter_map(|n| self.rel_path(n))
+            .find(|p| p.starts_with(dir))
+    }
+
+    /// Removes the quota of a root; returns what it was.
+    pub fn clear_quota(&self, node: &Arc<Node>) -> Result<QuotaInfo, QuotaError> {
+        let _changes = self.quotas.lock_changes();
+        let path = self
+            .rel_path(node)
+            .unwrap_or_default()
+            .display()
+            .to_string();
+        let root = self
+            .own_root(node)
+            .ok_or(QuotaError::NotRoot { path: path.clone() })?;
+        self.quotas.remove(root.dev, root.ino);
+        self.save_quotas()?;
+        info!(path = %path, "quota cleared");
+        Ok(root.info())
+    }
+
+    /// Writes the registry of roots to local.
+    pub fn save_quotas(&self) -> Result<(), QuotaError> {
+        let registry = Registry {
+            version: 1,
+            roots: self
+                .quotas
+                .list()
+                .iter()
+                .map(|r| {
+                    let (limit, usage) = (r.limit(), r.usage());
+                    persist::Entry {
+                        path: r.path(),
+                        limit: limit.bytes,
+                        inode_limit: limit.inodes,
+                        used: usage.bytes,
+                        inodes_used: usage.inodes,
+                    }
+                })
+                .collect(),
+        };
+        Ok(persist::save(self.local_root.as_fd(), &registry)?)
+    }
+
+    /// Loads the registry at mount and recounts every root's usage from disk, so that a
+    /// crash (whose last counts were never saved) leaves nothing wrong. A root whose
+    /// directory is gone loses its quota, with a warning.
+    pub fn load_quotas(&self) -> Result<usize, QuotaError> {
+        let registry = persist::load(self.local_root.as_fd())?;
+        let mut dropped = false;
+        for entry in &registry.roots {
+            let shown = entry.path.display().to_string();
+            let found = open_local_dir(self.local_root.as_fd(), &entry.path).and_then(|fd| {
+                let st = store::stat_fd(fd.as_fd())?;
+                Ok((st, scan::usage(fd.as_fd())?))
+            });
+            let (st, usage) = match found {
+                Ok(found) => found,
+                Err(e) => {
+                    warn!(path = %shown, error = %e, "quota root is gone from local; its quota is dropped");
+                    dropped = true;
+                    continue;
+                }
+            };
+            if usage.bytes != entry.used || usage.inodes != entry.inodes_used {
+                info!(
+                    path = %shown,
+                    saved = entry.used,
+                    counted = usage.bytes,
+                    "quota usage recounted from disk"
+                );
+            }
+            self.quotas.insert(Arc::new(QuotaRoot::new(
+                st.st_dev,
+                st.st_ino,
+                entry.path.clone(),
+                Limit {
+                    bytes: entry.limit,
+                    inodes: entry.inode_limit,
+                },
+                usage,
+                self.quotas.errno(),
+            )));
+        }
+        if dropped {
+            self.save_quotas()?;
+        }
+        Ok(self.quotas.list().len())
+    }
+
+    /// `statfs` of the directory `node`: a quota root's limit and room when it is under
+    /// one, so that `df` inside a container shows its limit.
+    pub fn statfs_at(&self, node: &Arc<Node>) -> Result<libc::statvfs, Errno> {
+        let mut st = self.statfs()?;
+        let Some(root) = self.quota_of(node) else {
+            return Ok(st);
+        };
+        let (limit, usage) = (root.limit(), root.usage());
+        // statvfs counts are 64-bit on every target layerfs builds for.
+        let unit = st.f_frsize.max(1);
+        let free = (limit.bytes.saturating_sub(usage.bytes) / unit).min(st.f_bavail);
+        st.f_blocks = limit.bytes / unit;
+        st.f_bfree = free;
+        st.f_bavail = free;
+        if let Some(inodes) = limit.inodes {
+            let free = inodes.saturating_sub(usage.inodes).min(st.f_ffree);
+            st.f_files = inodes;
+            st.f_ffree = free;
+            st.f_favail = free;
+        }
+        Ok(st)
+    }
+
+    /// `getxattr user.layerfs.quota`: the limit in bytes.
+    pub(in crate::view) fn quota_xattr(&self, node: &Node) -> Result<Vec<u8>, Errno> {
+        let root = self.own_root(node).ok_or(Errno::ENODATA)?;
+        Ok(root.limit().bytes.to_string().into_bytes())
+    }
+
+    /// `setxattr user.layerfs.quota`: a size sets the quota, an empty value clears it.
+    /// Only root may: a container must not raise its own limit.
+    pub(in crate::view) fn set_quota_xattr(
+        &self,
+        node: &Arc<Node>,
+        value: &[u8],
+        caller: Caller,
+    ) -> Result<(), Errno> {
+        if caller.uid != 0 {
+            return Err(Errno::EPERM);
+        }
+        if !node.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        let text = std::str::from_utf8(value).map_err(|_| Errno::EINVAL)?;
+        let text = text.trim_end_matches('\0');
+        let result = match parse_size(text) {
+            Ok(Some(bytes)) => self
+                .set_quota(
+                    node,
+                    Limit {
+                        bytes,
+                        inodes: self.own_root(node).and_then(|r| r.limit().inodes),
+                    },
+                )
+                .map(drop),
+            Ok(None) => match self.clear_quota(node) {
+                Err(QuotaError::NotRoot { .. }) => Ok(()),
+                other => other.map(drop),
+            },
+            Err(e) => Err(e.into()),
+        };
+        result.map_err(|e| {
+            warn!(error = %e, "quota attribute refused");
+            e.errno()
+        })
+    }
+
+    /// `removexattr user.layerfs.quota`.
+    pub(in crate::view) fn remove_quota_xattr(
+        &self,
+        node: &Arc<Node>,
+        caller: Caller,
+    ) -> Result<(), Errno> {
+        if caller.uid != 0 {
+            return Err(Errno::EPERM);
+        }
+        self.clear_quota(node).map(drop).map_err(|e| e.errno())
+    }
+
+    pub(in crate::view) fn is_quota_xattr(name: &OsStr) -> bool {
+        name.as_bytes() == QUOTA_XATTR
+    }
+}
+
+fn block_size(st: &Stat) -> u64 {
+    (st.st_blksize as u64).clamp(512, 1 << 20)
+}
+
+/// Opens a directory of local by its relative path, never following a symlink.
+fn open_local_dir(root: BorrowedFd<'_>, path: &Path) -> Result<std::os::fd::OwnedFd, Errno> {
+    let mut fd = store::reopen(
+        root,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
+    )?;
+    for part in path.components() {
+        let Component::Normal(name) = part else {
+            return Err(Errno::EINVAL);
+        };
+        fd = store::open_dir_at(fd.as_fd(), &store::cname(name)?)?;
+    }
+    Ok(fd)
+}
