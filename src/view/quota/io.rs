@@ -8,6 +8,7 @@ use nix::errno::Errno;
 
 use super::block_size;
 use crate::quota::scan::allocated;
+use crate::quota::table::{QuotaRoot, Reservation};
 use crate::store;
 use crate::view::node::Node;
 use crate::view::{Stat, View};
@@ -27,21 +28,8 @@ impl View {
         };
         let st = store::stat_fd(fd)?;
         let before = allocated(&st);
-        let block = block_size(&st);
-        let (len, reservation) = match root.reserve(estimate(fd, &st, offset, data.len() as u64)) {
-            Ok(r) => (data.len(), r),
-            Err(full) => {
-                let fits = fitting(offset, root.room(), block).min(data.len() as u64);
-                if fits == 0 {
-                    return Err(full);
-                }
-                let r = root
-                    .reserve(estimate(fd, &st, offset, fits))
-                    .map_err(|_| full)?;
-                (fits as usize, r)
-            }
-        };
-        let written = pwrite_all(fd, &data[..len], offset);
+        let (len, reservation) = reserve_fitting(&root, fd, &st, offset, data.len() as u64)?;
+        let written = pwrite_all(fd, &data[..len as usize], offset);
         self.settle(&root, node, fd, before);
         drop(reservation);
         written
@@ -140,20 +128,7 @@ impl View {
             return copy(len);
         };
         let st = store::stat_fd(dst)?;
-        let block = block_size(&st);
-        let (len, reservation) = match root.reserve(estimate(dst, &st, offset_out, len)) {
-            Ok(r) => (len, r),
-            Err(full) => {
-                let fits = fitting(offset_out, root.room(), block).min(len);
-                if fits == 0 {
-                    return Err(full);
-                }
-                let r = root
-                    .reserve(estimate(dst, &st, offset_out, fits))
-                    .map_err(|_| full)?;
-                (fits, r)
-            }
-        };
+        let (len, reservation) = reserve_fitting(&root, dst, &st, offset_out, len)?;
         let copied = copy(len);
         self.settle(&root, node, dst, allocated(&st));
         drop(reservation);
@@ -224,6 +199,30 @@ pub(in crate::view) fn copy_estimate(
         at = end;
     }
     total.min(round_up(size))
+}
+
+/// Reserves room for writing `len` bytes at `offset` of the file `fd`; where they do not
+/// all fit, for as many as fit, as a full disk makes a short write. Returns how many.
+fn reserve_fitting(
+    root: &Arc<QuotaRoot>,
+    fd: BorrowedFd<'_>,
+    st: &Stat,
+    offset: u64,
+    len: u64,
+) -> Result<(u64, Reservation), Errno> {
+    match root.reserve(estimate(fd, st, offset, len)) {
+        Ok(r) => Ok((len, r)),
+        Err(full) => {
+            let fits = fitting(offset, root.room(), block_size(st)).min(len);
+            if fits == 0 {
+                return Err(full);
+            }
+            let r = root
+                .reserve(estimate(fd, st, offset, fits))
+                .map_err(|_| full)?;
+            Ok((fits, r))
+        }
+    }
 }
 
 /// How many bytes from `offset` fit in `room` bytes of whole blocks.
