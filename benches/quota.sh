@@ -25,6 +25,8 @@ LAYERFS=${LAYERFS:-$REPO/target/release/layerfs}
 
 log() { printf '[quota-bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'quota-bench: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+. "$REPO/benches/common.sh"
 
 case "${1:-}" in
     -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -52,14 +54,7 @@ QUOTA_BYTES=$(python3 "$BENCH_PY" bytes "$QUOTA")
 # The random job writes into the sequential job's file, so one file of SIZE is all it holds.
 [ "$QUOTA_BYTES" -ge $((2 * SIZE_BYTES)) ] || die "QUOTA ($QUOTA) must be at least 2 x SIZE ($SIZE) so it never fills"
 
-if [ ! -x "$LAYERFS" ]; then
-    if [ "$LAYERFS" = "$REPO/target/release/layerfs" ]; then
-        command -v cargo >/dev/null || die "layerfs binary missing and cargo not found (set LAYERFS)"
-        log "building layerfs: cargo build --release"
-        (cd "$REPO" && cargo build --release) >&2 || die "cargo build --release failed (set LAYERFS)"
-    fi
-    [ -x "$LAYERFS" ] || die "layerfs binary not found at $LAYERFS (set LAYERFS)"
-fi
+ensure_layerfs "set LAYERFS"
 
 # ---------------------------------------------------------------- scratch area and cleanup
 case "$SCRATCH" in /|"") die "refusing SCRATCH='$SCRATCH'" ;; esac
@@ -134,20 +129,6 @@ log "quota root: $("$LAYERFS" quota get "$MNT" "$Q" --json)"
 RESULTS="$RUN/results.txt"
 : >"$RESULTS"
 
-# run_fio DIRNAME KEY KIND FIELD fio-args...: prints the figure and records "DIRNAME KEY VALUE"
-run_fio() {
-    local where=$1 key=$2 kind=$3 field=$4 out bw iops
-    shift 4
-    out="$RUN/fio-$where-$key.json"
-    if ! fio --output-format=json --output="$out" --ioengine=psync --direct=0 --numjobs=1 \
-            --name="$key" "$@" >/dev/null 2>"$out.err"; then
-        cat "$out.err" >&2
-        die "$where: fio $key failed"
-    fi
-    read -r bw iops < <(python3 "$BENCH_PY" fio "$out" "$kind")
-    if [ "$field" = bw ]; then echo "$where $key $bw" >>"$RESULTS"; log "$where $key: $bw MiB/s"
-    else echo "$where $key $iops" >>"$RESULTS"; log "$where $key: $iops IOPS"; fi
-}
 
 bench_dir() {
     local where=$1 dir=$2 f

@@ -29,6 +29,8 @@ REL="overlay/RO/$DATA_LAYER/diff/bench"
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'bench: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+. "$REPO/benches/common.sh"
 
 # ---------------------------------------------------------------- arguments and prerequisites
 case "${1:-}" in
@@ -70,14 +72,8 @@ SIZE_BYTES=$(python3 "$BENCH_PY" bytes "$SIZE")
 [ "$SIZE_BYTES" -ge $((4 * 1024 * 1024)) ] || die "SIZE must be at least 4M, got '$SIZE'"
 [ -d "$FIXTURE/overlay/RO/$DATA_LAYER/diff" ] || die "fixture layer $DATA_LAYER not found under fixtures/remote"
 
-if want layerfs && [ ! -x "$LAYERFS" ]; then
-    if [ "$LAYERFS" = "$REPO/target/release/layerfs" ]; then
-        command -v cargo >/dev/null || die "layerfs binary missing and cargo not found (set LAYERFS, or drop layerfs from TARGETS)"
-        log "building layerfs: cargo build --release"
-        (cd "$REPO" && cargo build --release) >&2 \
-            || die "cargo build --release failed (set LAYERFS, or drop layerfs from TARGETS)"
-    fi
-    [ -x "$LAYERFS" ] || die "layerfs binary not found at $LAYERFS (set LAYERFS, or drop layerfs from TARGETS)"
+if want layerfs; then
+    ensure_layerfs "set LAYERFS, or drop layerfs from TARGETS"
 fi
 
 # ---------------------------------------------------------------- scratch area and cleanup
@@ -214,22 +210,6 @@ unmount_target() {
     forget_mount "$mnt"
 }
 
-record() { echo "$1 $2 $3" >>"$RESULTS"; }
-
-# run_fio TARGET KEY KIND(read|write) FIELD(bw|iops) fio-args...
-run_fio() {
-    local t=$1 key=$2 kind=$3 field=$4 out bw iops
-    shift 4
-    out="$RUN/fio-$t-$key.json"
-    if ! fio --output-format=json --output="$out" --ioengine=psync --direct=0 --numjobs=1 \
-            --name="$key" "$@" >/dev/null 2>"$out.err"; then
-        cat "$out.err" >&2
-        die "$t: fio $key failed"
-    fi
-    read -r bw iops < <(python3 "$BENCH_PY" fio "$out" "$kind")
-    if [ "$field" = bw ]; then record "$t" "$key" "$bw"; log "$t $key: $bw MiB/s"
-    else record "$t" "$key" "$iops"; log "$t $key: $iops IOPS"; fi
-}
 
 bench_target() {
     local t=$1 root wdir rfile meta

@@ -315,12 +315,9 @@ fn existing_dir(what: &'static str, path: &Path) -> Result<PathBuf> {
 
 /// Whether `path` (canonical) is the mountpoint of a mounted filesystem.
 pub fn is_mountpoint(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .any(|mp| Path::new(&crate::store::mountinfo::unescape(mp)) == path)
+    crate::store::mountinfo::current()
+        .iter()
+        .any(|m| m.point == path)
 }
 
 #[cfg(test)]

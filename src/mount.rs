@@ -107,7 +107,6 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     let control_server = serve_control(control, &socket, &handle);
     on_sigusr1_refresh(&handle);
 
-    let on_signal = unmounter.clone_for_signal();
     let mountpoint = config.mountpoint.clone();
     match signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]) {
         Ok(mut signals) => {
@@ -116,7 +115,6 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
                 .spawn(move || {
                     if let Some(sig) = signals.forever().next() {
                         info!(signal = sig, "unmounting on signal");
-                        let mut unmounter = on_signal;
                         if let Err(e) = unmounter.unmount() {
                             warn!(error = %e, mountpoint = %mountpoint.display(), "unmount on signal failed");
                         }
@@ -264,27 +262,17 @@ fn on_sigusr1_refresh(handle: &Arc<RefreshHandle>) {
 
 /// Who removes the mount: layerfs itself when it mounted as root (see
 /// [`crate::fs::kernel_mount`]), fuser (through `fusermount3`) otherwise.
+/// Only the signal thread unmounts: when the kernel ends the session, nothing is left to do.
 enum Unmounter {
     Ours(KernelMount),
     Fuser(fuser::SessionUnmounter),
-    /// The signal thread's copy of a fuser unmounter: fuser's is not cloneable, so the
-    /// session keeps none.
-    Taken,
 }
 
 impl Unmounter {
-    fn clone_for_signal(&mut self) -> Unmounter {
-        match self {
-            Unmounter::Ours(m) => Unmounter::Ours(m.clone()),
-            other => std::mem::replace(other, Unmounter::Taken),
-        }
-    }
-
     fn unmount(&mut self) -> std::io::Result<()> {
         match self {
             Unmounter::Ours(m) => m.unmount().map_err(std::io::Error::from),
             Unmounter::Fuser(u) => u.unmount(),
-            Unmounter::Taken => Ok(()),
         }
     }
 }

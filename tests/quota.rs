@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -73,17 +73,6 @@ fn parse_quota(v: &Value) -> Quota {
         "available is limit - used in {v}"
     );
     q
-}
-
-/// `layerfs quota SUB MOUNTPOINT REST...`.
-fn quota_cmd(m: &Mount, sub: &str, rest: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("quota")
-        .arg(sub)
-        .arg(&m.mnt)
-        .args(rest)
-        .output()
-        .expect("run layerfs quota")
 }
 
 fn text(b: &[u8]) -> String {
@@ -213,20 +202,6 @@ fn assert_usage_matches_local(m: &Mount, rel: &str) -> Quota {
         SLACK,
     );
     q
-}
-
-/// Deterministic, incompressible-looking bytes.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 fn errno(e: &std::io::Error) -> i32 {
@@ -753,21 +728,6 @@ fn sha(p: &Path) -> String {
         h.update(&buf[..n]);
     }
     format!("{:x}", h.finalize())
-}
-
-fn assert_no_temp_names(root: &Path) {
-    for e in fs::read_dir(root).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name().to_string_lossy().into_owned();
-        assert!(
-            !name.starts_with(".layerfs-tmp."),
-            "{name} left in {}",
-            root.display()
-        );
-        if e.file_type().unwrap().is_dir() {
-            assert_no_temp_names(&e.path());
-        }
-    }
 }
 
 /// Makes the remote-merged dir `rel` a quota root. By xattr: `layerfs quota set` on such a

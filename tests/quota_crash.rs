@@ -9,7 +9,6 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
@@ -17,16 +16,6 @@ use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 const SLACK: u64 = 64 * 1024;
-
-fn quota_cmd(m: &Mount, sub: &str, rest: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("quota")
-        .arg(sub)
-        .arg(&m.mnt)
-        .args(rest)
-        .output()
-        .expect("run layerfs quota")
-}
 
 /// `layerfs quota SUB MOUNTPOINT REST... --json`, which must succeed.
 fn quota_json(m: &Mount, sub: &str, rest: &[&str]) -> Value {
@@ -67,19 +56,6 @@ fn look_up_roots(m: &Mount) {
     for d in ["overlay/a", "overlay/b", "overlay/c1"] {
         let _ = fs::symlink_metadata(m.path(d));
     }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 /// The quota of `rel` equals what its local dir takes, bytes and inodes.

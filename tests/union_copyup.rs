@@ -43,21 +43,6 @@ fn dress_os_release(remote: &Path) {
     set_times(&f, OLD_SEC, OLD_NSEC);
 }
 
-fn assert_no_temp_names(root: &Path) {
-    for e in fs::read_dir(root).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name().to_string_lossy().into_owned();
-        assert!(
-            !name.starts_with(".layerfs-tmp."),
-            "{name} left in {}",
-            root.display()
-        );
-        if e.file_type().unwrap().is_dir() {
-            assert_no_temp_names(&e.path());
-        }
-    }
-}
-
 #[test]
 fn append_copies_data_mode_owner_and_xattrs() {
     let m = Mount::with(Options::default(), dress_os_release);
@@ -177,20 +162,6 @@ fn truncate_of_a_remote_file() {
         fs::read(m.remote_diff("L1").join("etc/passwd")).unwrap(),
         original
     );
-}
-
-/// Deterministic, incompressible-looking bytes.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 const MIB: usize = 1 << 20;

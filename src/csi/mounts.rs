@@ -176,25 +176,17 @@ pub async fn umount(target: &Path) -> Result<()> {
 
 /// Whether something is mounted exactly at `target`.
 pub fn is_mounted(target: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
     let wanted = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_owned());
-    info.lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(mountinfo::unescape)
-        .any(|point| Path::new(&point) == wanted || Path::new(&point) == target)
+    mountinfo::current()
+        .iter()
+        .any(|m| m.point == wanted || m.point == target)
 }
 
 /// Whether `dev` is mounted anywhere (as a filesystem source).
 pub fn is_device_mounted(dev: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines()
-        .filter_map(|line| line.split(" - ").nth(1))
-        .filter_map(|rest| rest.split(' ').nth(1))
-        .any(|source| Path::new(&mountinfo::unescape(source)) == dev)
+    mountinfo::current()
+        .iter()
+        .any(|m| Path::new(&m.source) == dev)
 }
 
 #[cfg(test)]

@@ -25,8 +25,8 @@ pub enum IoMode {
 
 #[derive(Debug)]
 pub struct FileHandle {
-    pub ino: u64,
-    /// Kept for the quota accounting of its writes, and to count its opens.
+    /// The open object (its number is `node.ino`), kept for the quota accounting of its
+    /// writes and to count its opens.
     pub node: Arc<Node>,
     /// Does its I/O straight on local through FUSE passthrough.
     pub bypasses: bool,
@@ -88,7 +88,7 @@ impl HandleTable {
         self.open
             .read()
             .values()
-            .find(|h| h.as_file().is_some_and(|f| f.ino == ino))
+            .find(|h| h.as_file().is_some_and(|f| f.node.ino == ino))
             .cloned()
     }
 

@@ -31,7 +31,7 @@ pub struct MountSpec<'a> {
 }
 
 /// A live mount of ours.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct KernelMount {
     mountpoint: PathBuf,
 }

@@ -375,7 +375,6 @@ impl Filesystem for LayerFs {
         let bypasses = matches!(grant, Grant::Passthrough(_));
         self.view.opened(&node, bypasses);
         let fh = self.handles.insert(Handle::File(OpenFile {
-            ino: ino.0,
             node,
             bypasses,
             fd,
@@ -472,7 +471,7 @@ impl Filesystem for LayerFs {
     ) {
         if let Some(handle) = self.handles.remove(fh.0) {
             if let Some(file) = handle.as_file() {
-                self.backing.release(file.ino);
+                self.backing.release(file.node.ino);
                 self.view
                     .released(&file.node, file.fd.as_fd(), file.bypasses);
             }
@@ -674,7 +673,6 @@ impl Filesystem for LayerFs {
             reply,
             self.view.create(parent.0, name, mode, flags, caller(req))
         );
-        let ino = entry.node.ino;
         let layer = crate::view::Layer::Local;
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let grant = self.grant(&entry.node, &fd, layer, writes, |fd| reply.open_backing(fd));
@@ -682,7 +680,6 @@ impl Filesystem for LayerFs {
         let bypasses = matches!(grant, Grant::Passthrough(_));
         self.view.opened(&entry.node, bypasses);
         let fh = self.handles.insert(Handle::File(OpenFile {
-            ino,
             node: entry.node.clone(),
             bypasses,
             fd,

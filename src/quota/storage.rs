@@ -410,28 +410,18 @@ pub fn backend_for(path: &Path) -> Box<dyn Snapshotter> {
     }
 }
 
-/// `(mountpoint, fstype)` of each line of mountinfo, in mount order.
-fn mounts(info: &str) -> impl Iterator<Item = (PathBuf, &str)> {
-    info.lines().filter_map(|line| {
-        let (before, after) = line.split_once(" - ")?;
-        let point = before.split(' ').nth(4)?;
-        let fstype = after.split(' ').next()?;
-        Some((PathBuf::from(mountinfo::unescape(point)), fstype))
-    })
-}
-
 /// Whether the mount on top at exactly `mountpoint` (the last one listed there) is layerfs.
 fn top_mount_is_layerfs(info: &str, mountpoint: &Path) -> bool {
-    mounts(info)
-        .filter(|(point, _)| point == mountpoint)
+    mountinfo::parse(info)
+        .filter(|m| m.point == mountpoint)
         .last()
-        .is_some_and(|(_, fstype)| fstype == LAYERFS_FSTYPE)
+        .is_some_and(|m| m.fstype == LAYERFS_FSTYPE)
 }
 
 /// The layerfs mount that `path` is in, if the deepest mount containing it is one.
 fn layerfs_mount_containing(info: &str, path: &Path) -> Option<PathBuf> {
     let mut best: Option<(PathBuf, bool)> = None;
-    for (point, fstype) in mounts(info) {
+    for mountinfo::Mount { point, fstype, .. } in mountinfo::parse(info) {
         if !path.starts_with(&point) {
             continue;
         }

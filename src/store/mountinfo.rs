@@ -1,6 +1,39 @@
 //! Reading `/proc/self/mountinfo`, which escapes space, tab, newline and backslash in
 //! paths as octal (`\040`).
 
+use std::path::PathBuf;
+
+/// One mount, as a line of mountinfo describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub point: PathBuf,
+    pub fstype: String,
+    pub source: String,
+}
+
+/// The mounts `info` (mountinfo's text) lists, in mount order; malformed lines are skipped.
+pub fn parse(info: &str) -> impl Iterator<Item = Mount> + '_ {
+    info.lines().filter_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        let point = before.split(' ').nth(4)?;
+        let mut after = after.split(' ');
+        let fstype = after.next()?;
+        let source = after.next()?;
+        Some(Mount {
+            point: PathBuf::from(unescape(point)),
+            fstype: fstype.to_owned(),
+            source: unescape(source),
+        })
+    })
+}
+
+/// This process's mounts now; none when `/proc` cannot be read.
+pub fn current() -> Vec<Mount> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|info| parse(&info).collect())
+        .unwrap_or_default()
+}
+
 /// Undoes mountinfo's octal escapes (`\040` for a space, …).
 pub fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
@@ -28,6 +61,20 @@ pub fn unescape(field: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn parses_point_type_and_source() {
+        let info =
+            "36 35 98:0 / /mnt/with\\040space rw,noatime master:1 - fuse.layerfs /remote rw\n\
+                    garbage\n\
+                    37 35 98:0 / /m rw - ext4 /dev/vda rw\n";
+        let mounts: Vec<_> = super::parse(info).collect();
+        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[0].point, std::path::Path::new("/mnt/with space"));
+        assert_eq!(mounts[0].fstype, "fuse.layerfs");
+        assert_eq!(mounts[0].source, "/remote");
+        assert_eq!(mounts[1].source, "/dev/vda");
+    }
+
     use super::unescape;
 
     #[test]

@@ -81,12 +81,12 @@ impl View {
             let truncate = |f: BorrowedFd<'_>| self.truncate_within_quota(node, f, size);
             match open.map(truncate) {
                 Some(Ok(())) => {}
-                Some(Err(e)) if e == self.quotas.errno() => return Err(e),
                 // A handle opened read-only (or none at all): truncate by the object itself.
-                _ => {
+                None | Some(Err(Errno::EBADF | Errno::EINVAL)) => {
                     let w = store::reopen(fd, OFlag::O_WRONLY)?;
                     truncate(w.as_fd())?;
                 }
+                Some(Err(e)) => return Err(e),
             }
         }
         if set.atime.is_some() || set.mtime.is_some() {
@@ -137,7 +137,7 @@ impl View {
             return Ok(Vec::new());
         }
         let mut out = Vec::new();
-        if self.quota_xattr(node).is_ok() {
+        if self.is_quota_root(node) {
             out.extend_from_slice(super::quota::QUOTA_XATTR);
             out.push(0);
         }

@@ -20,7 +20,7 @@ use tracing::debug;
 
 use super::inodes::Identity;
 use super::node::{Layer, Node};
-use super::quota::{copy_estimate, dir_blocks, NEEDS_ROOM};
+use super::quota::{charge_new, copy_estimate, dir_blocks, NEEDS_ROOM};
 use super::{marker, Stat, View};
 use crate::quota::scan::allocated;
 use crate::store::{self, cname, copy, xattr, Kind};
@@ -41,10 +41,10 @@ impl View {
         let remote = node.state().remote.clone();
         let parent_times = store::stat_fd(parent_fd.as_fd())?;
         let root = self.quota_of(node);
-        let _room = match &root {
-            Some(root) => Some(root.reserve_with_inodes(self.local_block_size(), 1)?),
-            None => None,
-        };
+        let _room = root
+            .as_ref()
+            .map(|r| r.reserve_with_inodes(self.local_block_size(), 1))
+            .transpose()?;
 
         // Created closed (0700, root) and opened up once its attributes are right.
         let fd = match nix::sys::stat::mkdirat(
@@ -63,10 +63,8 @@ impl View {
                 apply_owner_mode_times(fd.as_fd(), &template)?;
                 restore_times(parent_fd.as_fd(), &parent_times);
                 if let Some(root) = &root {
-                    let grown =
-                        dir_blocks(parent_fd.as_fd()) as i64 - allocated(&parent_times) as i64;
-                    root.charge(grown + dir_blocks(fd.as_fd()) as i64);
-                    root.charge_inodes(1);
+                    let made = dir_blocks(fd.as_fd());
+                    charge_new(root, parent_fd.as_fd(), allocated(&parent_times), made, 1);
                 }
                 fd
             }
@@ -111,20 +109,20 @@ impl View {
         // The copy must fit in the quota before a byte of it is written: a copy-up that
         // fails leaves no partial file.
         let root = self.quota_of(&parent);
-        let _room = match &root {
-            Some(root) => {
+        let _room = root
+            .as_ref()
+            .map(|r| {
                 let needs = match (layer, node.kind) {
                     (Layer::Remote, Kind::File) if with_data => {
-                        parent.dir_fds().remote().map_or(NEEDS_ROOM, |r| {
-                            copy_estimate(r, &c, self.local_block_size()).max(NEEDS_ROOM)
+                        parent.dir_fds().remote().map_or(NEEDS_ROOM, |remote| {
+                            copy_estimate(remote, &c, self.local_block_size()).max(NEEDS_ROOM)
                         })
                     }
                     _ => NEEDS_ROOM,
                 };
-                Some(root.reserve_with_inodes(needs, 1)?)
-            }
-            None => None,
-        };
+                r.reserve_with_inodes(needs, 1)
+            })
+            .transpose()?;
         match (layer, link) {
             (Layer::Virtual, Some(target)) => {
                 let mut st = self.getattr(node, None)?;
@@ -148,9 +146,7 @@ impl View {
         restore_times(dir, &parent_times);
         let st = store::stat_at(dir, &c)?;
         if let Some(root) = &root {
-            let grown = dir_blocks(dir) as i64 - allocated(&parent_times) as i64;
-            root.charge(grown + allocated(&st) as i64);
-            root.charge_inodes(1);
+            charge_new(root, dir, allocated(&parent_times), allocated(&st), 1);
             node.state().blocks = Some((self.quotas.generation(), allocated(&st)));
         }
         self.inodes.bind(

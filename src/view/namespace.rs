@@ -20,7 +20,7 @@ use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 
 use super::node::{Layer, Node};
-use super::quota::{dir_blocks, NEEDS_ROOM};
+use super::quota::{charge_new, dir_blocks, NEEDS_ROOM};
 use super::{local_identity, marker, view_name, Caller, Entry, Found, Stat, View};
 use crate::quota::scan::allocated;
 use crate::quota::table::QuotaRoot;
@@ -377,7 +377,8 @@ impl View {
             .and_then(|d| old_path(&d.node));
         let src_dir = parent.dir_fds().local.ok_or(Errno::ESTALE)?;
         let dst_dir = self.ensure_local_dir(&new_parent)?;
-        let dst_before = dir_blocks(dst_dir.as_fd());
+        let dst_root = self.quota_of(&new_parent);
+        let dst_before = dst_root.as_ref().map(|_| dir_blocks(dst_dir.as_fd()));
         let src_below = self.exists_below(&parent, name, &c)?;
         let dst_below = self.exists_below(&new_parent, new_name, &new_c)?;
         if !exchange {
@@ -433,7 +434,9 @@ impl View {
         if let Some(moving) = moving {
             moving.commit();
         }
-        self.charge_dir(&new_parent, dst_dir.as_fd(), dst_before, 0);
+        if let (Some(root), Some(before)) = (&dst_root, dst_before) {
+            charge_new(root, dst_dir.as_fd(), before, 0, 0);
+        }
         // A directory arriving over a hidden remote directory must not merge with it.
         if src.node.is_dir() && dst_below {
             if let Some(fd) = src.node.dir_fds().local {
@@ -456,7 +459,7 @@ impl View {
             if st.st_nlink <= 1 || Kind::from_mode(st.st_mode) == Kind::Dir {
                 self.inodes.unbind(&local_identity(&st));
             }
-            self.credit_removed(self.quota_of(&new_parent), &dst.node, &st);
+            self.credit_removed(dst_root.clone(), &dst.node, &st);
         }
         {
             let mut st = src.node.state();

@@ -10,7 +10,7 @@ use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -727,4 +727,45 @@ pub fn allocated_under(root: &Path) -> (u64, u64) {
         walk(root, &mut seen, &mut bytes);
     }
     (bytes, seen.len() as u64)
+}
+
+/// Deterministic, incompressible-looking bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// `layerfs quota SUB MOUNTPOINT REST...`.
+pub fn quota_cmd(m: &Mount, sub: &str, rest: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("quota")
+        .arg(sub)
+        .arg(&m.mnt)
+        .args(rest)
+        .output()
+        .expect("run layerfs quota")
+}
+
+/// Fails if copy-up left a temporary file anywhere under `root`.
+pub fn assert_no_temp_names(root: &Path) {
+    for e in fs::read_dir(root).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(
+            !name.starts_with(".layerfs-tmp."),
+            "{name} left in {}",
+            root.display()
+        );
+        if e.file_type().unwrap().is_dir() {
+            assert_no_temp_names(&e.path());
+        }
+    }
 }

@@ -62,9 +62,7 @@ impl View {
         let dir = self.ensure_local_dir(parent)?;
         let before = dir_blocks(dir.as_fd());
         let out = op()?;
-        let grown = dir_blocks(dir.as_fd()) as i64 - before as i64;
-        root.charge(grown + made(&out) as i64);
-        root.charge_inodes(inodes as i64);
+        charge_new(&root, dir.as_fd(), before, made(&out), inodes);
         drop(reservation);
         Ok(out)
     }
@@ -78,24 +76,8 @@ impl View {
 
     /// The block size of local's filesystem: what a new directory costs at least.
     pub(in crate::view) fn local_block_size(&self) -> u64 {
-        store::stat_fd(self.local_root.as_fd())
-            .map(|st| block_size(&st))
-            .unwrap_or(4096)
-    }
-
-    /// Charges what a change of a directory's entries made it grow by (`before` from
-    /// [`dir_blocks`]), and `inodes` more or fewer inodes, to the directory's root.
-    pub(in crate::view) fn charge_dir(
-        &self,
-        dir_node: &Arc<Node>,
-        dir: BorrowedFd<'_>,
-        before: u64,
-        inodes: i64,
-    ) {
-        if let Some(root) = self.quota_of(dir_node) {
-            root.charge(dir_blocks(dir) as i64 - before as i64);
-            root.charge_inodes(inodes);
-        }
+        // `virtual_base` is local's root as stat'ed at mount: no syscall here.
+        block_size(&self.virtual_base)
     }
 
     /// Credits the space of an object whose last name is gone, or, for a file still
@@ -144,6 +126,9 @@ impl View {
     /// Measures a file again after its data reached the disk: a filesystem may allocate
     /// metadata (extent blocks) only at writeback, after the write was charged.
     pub fn resettle(&self, node: &Arc<Node>, fd: BorrowedFd<'_>) {
+        if self.quotas.is_empty() {
+            return;
+        }
         let generation = self.quotas.generation();
         if !matches!(node.state().blocks, Some((g, _)) if g == generation) {
             return;
@@ -294,6 +279,19 @@ impl View {
         }
         self.quotas.bump();
     }
+}
+
+/// Charges `root` for what a directory grew by since `dir_before` (from [`dir_blocks`]),
+/// plus `made` bytes and `inodes` inodes of what was made in it.
+pub(in crate::view) fn charge_new(
+    root: &QuotaRoot,
+    dir: BorrowedFd<'_>,
+    dir_before: u64,
+    made: u64,
+    inodes: u64,
+) {
+    root.charge(dir_blocks(dir) as i64 - dir_before as i64 + made as i64);
+    root.charge_inodes(inodes as i64);
 }
 
 /// Allocated bytes of a directory, 0 when it cannot be read.

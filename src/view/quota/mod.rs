@@ -30,7 +30,7 @@ use crate::quota::size::{parse_size, SizeError};
 use crate::quota::table::{Limit, QuotaRoot};
 use crate::store;
 
-pub(in crate::view) use charge::{dir_blocks, NEEDS_ROOM};
+pub(in crate::view) use charge::{charge_new, dir_blocks, NEEDS_ROOM};
 pub(in crate::view) use io::copy_estimate;
 
 /// The attribute through which a runtime sets a directory's quota without our CLI.
@@ -362,6 +362,11 @@ impl View {
             st.f_favail = free;
         }
         Ok(st)
+    }
+
+    /// Whether the directory `node` is a quota root.
+    pub(in crate::view) fn is_quota_root(&self, node: &Node) -> bool {
+        self.own_root(node).is_some()
     }
 
     /// `getxattr user.layerfs.quota`: the limit in bytes.

@@ -1,0 +1,35 @@
+# shellcheck shell=bash
+# Shell pieces shared by the benchmarks (sourced, never run). The script that sources this
+# file defines log and die, and sets REPO, BENCH_PY, LAYERFS, and RUN and RESULTS before it
+# runs any job.
+
+# ensure_layerfs HINT: builds the release binary if LAYERFS is the default one and missing;
+# HINT ends the error messages (what the user can do instead).
+ensure_layerfs() {
+    local hint=$1
+    [ -x "$LAYERFS" ] && return 0
+    if [ "$LAYERFS" = "$REPO/target/release/layerfs" ]; then
+        command -v cargo >/dev/null || die "layerfs binary missing and cargo not found ($hint)"
+        log "building layerfs: cargo build --release"
+        (cd "$REPO" && cargo build --release) >&2 || die "cargo build --release failed ($hint)"
+    fi
+    [ -x "$LAYERFS" ] || die "layerfs binary not found at $LAYERFS ($hint)"
+}
+
+record() { echo "$1 $2 $3" >>"$RESULTS"; }
+
+# run_fio WHERE KEY KIND(read|write) FIELD(bw|iops) fio-args...: runs one fio job, logs its
+# figure and records "WHERE KEY VALUE".
+run_fio() {
+    local where=$1 key=$2 kind=$3 field=$4 out bw iops
+    shift 4
+    out="$RUN/fio-$where-$key.json"
+    if ! fio --output-format=json --output="$out" --ioengine=psync --direct=0 --numjobs=1 \
+            --name="$key" "$@" >/dev/null 2>"$out.err"; then
+        cat "$out.err" >&2
+        die "$where: fio $key failed"
+    fi
+    read -r bw iops < <(python3 "$BENCH_PY" fio "$out" "$kind")
+    if [ "$field" = bw ]; then record "$where" "$key" "$bw"; log "$where $key: $bw MiB/s"
+    else record "$where" "$key" "$iops"; log "$where $key: $iops IOPS"; fi
+}
