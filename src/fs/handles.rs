@@ -83,15 +83,6 @@ impl HandleTable {
         self.get(fh).filter(|h| matches!(**h, Handle::File(_)))
     }
 
-    /// Any open file of inode `ino`: it still answers for a file whose name is gone.
-    pub fn file_of(&self, ino: u64) -> Option<Arc<Handle>> {
-        self.open
-            .read()
-            .values()
-            .find(|h| h.as_file().is_some_and(|f| f.node.ino == ino))
-            .cloned()
-    }
-
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
         self.open.write().remove(&fh)
     }

@@ -220,19 +220,8 @@ impl Filesystem for LayerFs {
             .as_ref()
             .and_then(|h| h.as_file())
             .map(|f| f.fd.as_fd());
-        let st = match self.view.getattr(&node, open) {
-            // The name is gone (unlinked, or its layer left the remote) but the file is
-            // still open: fstat(2) must go on working, as on any filesystem.
-            Err(Errno::ENOENT | Errno::ESTALE) if open.is_none() => {
-                match self.handles.file_of(ino.0) {
-                    Some(h) => h.as_file().map_or(Err(Errno::ENOENT), |f| {
-                        self.view.getattr(&node, Some(f.fd.as_fd()))
-                    }),
-                    None => Err(Errno::ENOENT),
-                }
-            }
-            other => other,
-        };
+        // A node holds its object: attributes stay readable when its name is gone.
+        let st = self.view.getattr(&node, open);
         let st = tri!(reply, st);
         reply.attr(&self.timeouts.attr, &file_attr(&st));
     }

@@ -44,6 +44,11 @@ pub fn get(path: &CStr, name: &CStr) -> Result<Vec<u8>, Errno> {
     sized_read(|buf, len| unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf, len) })
 }
 
+/// Like [`get`], without following a symlink at the end of `path`.
+pub fn lget(path: &CStr, name: &CStr) -> Result<Vec<u8>, Errno> {
+    sized_read(|buf, len| unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), buf, len) })
+}
+
 pub fn set(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> Result<(), Errno> {
     let res = unsafe {
         libc::setxattr(

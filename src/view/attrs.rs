@@ -17,7 +17,7 @@ use nix::unistd::{Gid, Uid};
 
 use super::node::{Layer, Node};
 use super::{marker, Caller, Stat, View};
-use crate::store::{self, cname, xattr, Kind};
+use crate::store::{self, xattr, Kind};
 
 /// The kernel asks for this attribute before every write (to drop file capabilities when
 /// an unprivileged caller writes); its absence is remembered per node, since every change to
@@ -204,29 +204,7 @@ impl View {
 
     /// An `O_PATH` handle on the object itself, wherever it lives.
     fn object_fd(&self, node: &Node) -> Result<Arc<OwnedFd>, Errno> {
-        let (layer, local, remote) = {
-            let st = node.state();
-            (st.layer, st.local.clone(), st.remote.clone())
-        };
-        if node.is_dir() {
-            return match layer {
-                Layer::Local => local,
-                Layer::Remote => remote,
-                Layer::Virtual => None,
-            }
-            .ok_or(Errno::ENODATA);
-        }
-        if layer == Layer::Virtual {
-            return Err(Errno::ENODATA);
-        }
-        let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
-        let fds = parent.dir_fds();
-        let dir = match layer {
-            Layer::Local => fds.local(),
-            _ => fds.remote(),
-        }
-        .ok_or(Errno::ESTALE)?;
-        store::open_path_at(dir, &cname(&name)?).map(Arc::new)
+        node.object().ok_or(Errno::ENODATA)
     }
 }
 

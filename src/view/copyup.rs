@@ -19,23 +19,67 @@ use nix::sys::stat::{Mode, SFlag};
 use tracing::debug;
 
 use super::inodes::Identity;
+use super::local_identity;
 use super::node::{Layer, Node};
 use super::quota::{charge_new, copy_estimate, dir_blocks, NEEDS_ROOM};
 use super::{marker, Stat, View};
 use crate::quota::scan::allocated;
 use crate::store::{self, cname, copy, xattr, Kind};
 
+/// Whether a directory's copy-up must fit in its quota root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// Like any allocation: refused in a full root.
+    Reserve,
+    /// For a deletion, which works in a full root: charged, never refused.
+    Never,
+}
+
 impl View {
     /// The local directory of a directory node, creating it (and its parents) if needed.
     pub fn ensure_local_dir(&self, node: &Arc<Node>) -> Result<Arc<OwnedFd>, Errno> {
+        self.local_dir_of(node, Room::Reserve)
+    }
+
+    /// [`View::ensure_local_dir`], saying whether the copy-ups must fit in the quota.
+    pub fn local_dir_of(&self, node: &Arc<Node>, room: Room) -> Result<Arc<OwnedFd>, Errno> {
         if let Some(fd) = node.state().local.clone() {
             return Ok(fd);
         }
         if !node.is_dir() {
             return Err(Errno::ENOTDIR);
         }
-        let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
-        let parent_fd = self.ensure_local_dir(&parent)?;
+        // The directories without a local copy, nearest first, up to one that has one (the
+        // root always has). Made from the top down, one at a time: as deep as the tree is,
+        // nothing here recurses.
+        let mut missing = vec![node.clone()];
+        let mut above = loop {
+            let (parent, _) = missing
+                .last()
+                .and_then(|n| n.primary())
+                .ok_or(Errno::ESTALE)?;
+            if let Some(fd) = parent.state().local.clone() {
+                break fd;
+            }
+            missing.push(parent);
+        };
+        while let Some(dir) = missing.pop() {
+            above = self.copy_up_dir(&dir, &above, room)?;
+        }
+        Ok(above)
+    }
+
+    /// Gives the directory `node` its local copy in `parent_fd`, its parent's local directory.
+    fn copy_up_dir(
+        &self,
+        node: &Arc<Node>,
+        parent_fd: &OwnedFd,
+        room: Room,
+    ) -> Result<Arc<OwnedFd>, Errno> {
+        if let Some(fd) = node.state().local.clone() {
+            return Ok(fd);
+        }
+        let (_, name) = node.primary().ok_or(Errno::ESTALE)?;
         let c = cname(&name)?;
         let template = self.getattr(node, None)?;
         let remote = node.state().remote.clone();
@@ -43,6 +87,7 @@ impl View {
         let root = self.quota_of(node);
         let _room = root
             .as_ref()
+            .filter(|_| room == Room::Reserve)
             .map(|r| r.reserve_with_inodes(self.local_block_size(), 1))
             .transpose()?;
 
@@ -73,17 +118,16 @@ impl View {
             Err(e) => return Err(e),
         };
         let st = store::stat_fd(fd.as_fd())?;
-        self.inodes.bind(
-            Identity::Local {
-                dev: st.st_dev,
-                ino: st.st_ino,
-            },
-            node.ino,
-        );
         let fd = Arc::new(fd);
-        let mut state = node.state();
-        state.local = Some(fd.clone());
-        state.layer = Layer::Local;
+        {
+            let mut state = node.state();
+            if let Some(local) = state.local.clone() {
+                return Ok(local);
+            }
+            state.local = Some(fd.clone());
+            state.layer = Layer::Local;
+        }
+        self.inodes.add_identity(node, local_identity(&st));
         Ok(fd)
     }
 
@@ -94,9 +138,9 @@ impl View {
             return self.ensure_local_dir(node).map(drop);
         }
         let _one_at_a_time = node.copy_lock();
-        let (layer, link) = {
+        let (layer, link, source) = {
             let st = node.state();
-            (st.layer, st.link.clone())
+            (st.layer, st.link.clone(), st.object.clone())
         };
         if layer == Layer::Local {
             return Ok(());
@@ -112,66 +156,72 @@ impl View {
         let _room = root
             .as_ref()
             .map(|r| {
-                let needs = match (layer, node.kind) {
-                    (Layer::Remote, Kind::File) if with_data => {
-                        parent.dir_fds().remote().map_or(NEEDS_ROOM, |remote| {
-                            copy_estimate(remote, &c, self.local_block_size()).max(NEEDS_ROOM)
-                        })
+                let needs = match (&source, node.kind) {
+                    (Some(source), Kind::File) if with_data => {
+                        copy_estimate(source.as_fd(), self.local_block_size()).max(NEEDS_ROOM)
                     }
                     _ => NEEDS_ROOM,
                 };
                 r.reserve_with_inodes(needs, 1)
             })
             .transpose()?;
-        match (layer, link) {
-            (Layer::Virtual, Some(target)) => {
+        let placed = match (layer, link, &source) {
+            (Layer::Virtual, Some(target), _) => {
                 let mut st = self.getattr(node, None)?;
                 st.st_mode = libc::S_IFLNK | 0o777;
                 place_symlink(dir, &c, &target, &st)?
             }
-            (Layer::Remote, _) => {
-                let remote_dir = parent.dir_fds().remote.ok_or(Errno::ESTALE)?;
-                let st = store::stat_at(remote_dir.as_fd(), &c)?;
+            (Layer::Remote, _, Some(source)) => {
+                let st = store::stat_fd(source.as_fd())?;
                 match node.kind {
-                    Kind::File => copy_file(remote_dir.as_fd(), dir, &c, &st, with_data)?,
+                    Kind::File => copy_file(source.as_fd(), dir, &c, &st, with_data)?,
                     Kind::Symlink => {
-                        let target = store::readlink_at(remote_dir.as_fd(), &c)?;
+                        let target = store::readlink_at(source.as_fd(), c"")?;
                         place_symlink(dir, &c, &target, &st)?
                     }
                     _ => place_special(dir, &c, &st)?,
                 }
             }
             _ => return Err(Errno::EIO),
-        }
+        };
         restore_times(dir, &parent_times);
-        let st = store::stat_at(dir, &c)?;
+        let st = store::stat_fd(placed.as_fd())?;
         if let Some(root) = &root {
             charge_new(root, dir, allocated(&parent_times), allocated(&st), 1);
             node.state().blocks = Some((self.quotas.generation(), allocated(&st)));
         }
-        self.inodes.bind(
-            Identity::Local {
-                dev: st.st_dev,
-                ino: st.st_ino,
-            },
-            node.ino,
-        );
-        let mut state = node.state();
-        state.layer = Layer::Local;
-        state.link = None;
+        let old_ids = {
+            let mut state = node.state();
+            state.layer = Layer::Local;
+            state.link = None;
+            state.object = Some(Arc::new(placed));
+            state.identities.clone()
+        };
+        // The node keeps its number, also once the kernel has forgotten it; the remote
+        // object no longer shows under it.
+        self.inodes.set_origin(st.st_dev, st.st_ino, node.ino);
+        self.inodes.add_identity(node, local_identity(&st));
+        for id in old_ids
+            .iter()
+            .filter(|id| !matches!(id, Identity::Local { .. }))
+        {
+            self.inodes.remove_identity(node, id);
+        }
         debug!(ino = node.ino, name = ?name, "copied up");
         Ok(())
     }
 }
 
+/// Copies the remote file behind `source` to `name` in `dir`; returns an `O_PATH` handle of
+/// the copy.
 fn copy_file(
-    remote_dir: BorrowedFd<'_>,
+    source: BorrowedFd<'_>,
     dir: BorrowedFd<'_>,
     name: &CStr,
     st: &Stat,
     with_data: bool,
-) -> Result<(), Errno> {
-    let src = store::open_at(remote_dir, name, OFlag::O_RDONLY, 0)?;
+) -> Result<OwnedFd, Errno> {
+    let src = store::reopen(source, OFlag::O_RDONLY)?;
     let (tmp, temp_name) =
         match store::open_at(dir, c".", OFlag::O_TMPFILE | OFlag::O_WRONLY, 0o600) {
             Ok(fd) => (fd, None),
@@ -197,6 +247,7 @@ fn copy_file(
         );
         apply_owner_mode_times(tmp.as_fd(), st)?;
         nix::unistd::fdatasync(tmp.as_fd())?;
+        let pinned = store::reopen(tmp.as_fd(), OFlag::O_PATH)?;
         match &temp_name {
             None => nix::unistd::linkat(
                 nix::fcntl::AT_FDCWD,
@@ -213,6 +264,7 @@ fn copy_file(
                 RenameFlags::RENAME_NOREPLACE,
             ),
         }
+        .map(|()| pinned)
     })();
     if let (Err(_), Some(temp)) = (&result, &temp_name) {
         let _ = nix::unistd::unlinkat(
@@ -224,14 +276,19 @@ fn copy_file(
     result
 }
 
-fn place_symlink(dir: BorrowedFd<'_>, name: &CStr, target: &[u8], st: &Stat) -> Result<(), Errno> {
+fn place_symlink(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    target: &[u8],
+    st: &Stat,
+) -> Result<OwnedFd, Errno> {
     let temp = temp_name();
     let target = std::ffi::CString::new(target).map_err(|_| Errno::EINVAL)?;
     nix::unistd::symlinkat(target.as_c_str(), dir, temp.as_c_str())?;
     finish_temp(dir, &temp, name, st)
 }
 
-fn place_special(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<(), Errno> {
+fn place_special(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<OwnedFd, Errno> {
     let temp = temp_name();
     nix::sys::stat::mknodat(
         dir,
@@ -243,11 +300,18 @@ fn place_special(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<(), Errn
     finish_temp(dir, &temp, name, st)
 }
 
-/// Dresses a temporary entry with `st`'s attributes and moves it under its name.
-fn finish_temp(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, st: &Stat) -> Result<(), Errno> {
-    let result = store::open_path_at(dir, temp)
-        .and_then(|fd| apply_owner_mode_times(fd.as_fd(), st))
-        .and_then(|()| nix::fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_NOREPLACE));
+/// Dresses a temporary entry with `st`'s attributes and moves it under its name; returns an
+/// `O_PATH` handle of it.
+fn finish_temp(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, st: &Stat) -> Result<OwnedFd, Errno> {
+    let result = store::open_path_at(dir, temp).and_then(|fd| {
+        // A 0/0 device copied up is the device it was, not a whiteout.
+        if store::is_whiteout(st) {
+            marker::set_device(fd.as_fd())?;
+        }
+        apply_owner_mode_times(fd.as_fd(), st)?;
+        nix::fcntl::renameat2(dir, temp, dir, name, RenameFlags::RENAME_NOREPLACE)?;
+        Ok(fd)
+    });
     if result.is_err() {
         let _ = nix::unistd::unlinkat(dir, temp, nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
@@ -255,7 +319,7 @@ fn finish_temp(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, st: &Stat) -> Resu
 }
 
 /// A fresh name under [`marker::TEMP_PREFIX`], unique within the process.
-fn temp_name() -> std::ffi::CString {
+pub(super) fn temp_name() -> std::ffi::CString {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);

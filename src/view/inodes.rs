@@ -1,13 +1,43 @@
-//! The inode table: which number the kernel knows each object by, and the live nodes.
+//! The inode table: the nodes the kernel holds, by number and by identity.
 //!
-//! Numbers are handed out per *identity*: a local object is identified by its device and
-//! inode number, a remote one likewise in its own namespace (a remote file with more than one
-//! link by its parent and name, see [`Identity::RemoteName`]), a synthesized one by its parent
-//! and name. The identity map outlives the kernel's interest in a node, so an object keeps
-//! its number for the life of the mount (`stat` twice, an hour apart, agrees). A copy-up
-//! registers the new local identity under the number the remote one had; removing an
-//! object's last link drops its identity, so a recycled inode number on disk never aliases a
-//! node the kernel may still hold open.
+//! ## Identity
+//! A node stands for one object: a local or remote file or directory, or a synthesized
+//! entry. While the kernel holds a node, the node holds its object open (an `O_PATH` handle,
+//! see [`Node`]), and a filesystem never gives the inode number of an object that is still
+//! open to another one. So, for as long as a node is in this table, its identities (device
+//! and inode number in local or remote) name exactly its object: a new object can never be
+//! mistaken for it, however fast the local filesystem recycles numbers. When the kernel
+//! forgets a node (its FORGETs bring the count of lookups to zero), the node leaves the
+//! table with its identities and its handles close, so the table holds what the kernel holds
+//! and no more: creating and deleting a million files leaves it as it was.
+//!
+//! ## Numbers
+//! A node's number is the FUSE node id and also the `st_ino` the view reports. It is derived
+//! from the object, so that it is stable for the life of the mount without remembering every
+//! object ever seen:
+//! - an object on local's filesystem: its inode number there;
+//! - an object on the remote's filesystem: its inode number with [`REMOTE_BIT`] set. A merged
+//!   directory is numbered after its remote part, so its copy-up changes nothing;
+//! - synthesized entries and the names of remote files with several links: a number from a
+//!   counter (with [`COUNTER_BIT`] set), remembered per parent and name for the life of the
+//!   mount (the layout and the remote tree bound how many there are);
+//! - anything else (objects on other filesystems, a derived number already in use by a live
+//!   node): a counter number, for as long as the node lives.
+//!
+//! A copied-up file keeps the number of its remote original for the life of the mount: the
+//! table remembers the number of every local copy until that copy is deleted (local holds
+//! no record of it, so after a remount the copy is numbered after its own inode).
+//!
+//! A number is never given to a second object while the kernel may still know the first by
+//! it: a derived number is taken only when no live node has it, and a live node keeps its
+//! number (a copied-up file keeps the remote one until the kernel forgets it).
+//!
+//! ## Locks
+//! One `RwLock` covers both maps and is held only for map operations, never across a
+//! system call: nodes are built outside it and inserted if absent (the loser of a race drops
+//! its copy), and a forgotten node is dropped, closing its handles, after the lock is
+//! released. Node state locks (see [`Node::state`]) may be taken while holding it; the table
+//! is never locked while holding a node's state.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -16,10 +46,16 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::node::Node;
+use super::node::{Node, NodeState};
+use super::zone::Zone;
+use crate::store::Kind;
 
 /// The root's number, fixed by the FUSE protocol.
 pub const ROOT_INO: u64 = 1;
+/// Set in the numbers of remote objects.
+pub const REMOTE_BIT: u64 = 1 << 62;
+/// Set in numbers handed out from the counter.
+pub const COUNTER_BIT: u64 = 1 << 63;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Identity {
@@ -45,164 +81,459 @@ pub enum Identity {
     },
 }
 
+/// A live node and how many times the kernel was handed it without forgetting it yet.
 #[derive(Debug)]
-pub struct InodeTable {
-    nodes: RwLock<HashMap<u64, Arc<Node>>>,
-    numbers: Mutex<HashMap<Identity, u64>>,
-    next: AtomicU64,
+struct Slot {
+    node: Arc<Node>,
+    /// Changed under the read lock when the node is handed out again, under the write
+    /// lock when forgotten: a node cannot leave while it is being handed out.
+    lookups: AtomicU64,
 }
 
-impl Default for InodeTable {
-    fn default() -> Self {
-        InodeTable {
-            nodes: RwLock::new(HashMap::new()),
-            numbers: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(ROOT_INO + 1),
-        }
-    }
+#[derive(Debug, Default)]
+struct Maps {
+    nodes: HashMap<u64, Slot>,
+    by_identity: HashMap<Identity, u64>,
+}
+
+/// What a new node is made of, built before the table is locked.
+pub struct NewNode {
+    pub kind: Kind,
+    pub zone: Zone,
+    pub state: NodeState,
+    /// Its identities; the first one decides its number.
+    pub identities: Vec<Identity>,
+}
+
+#[derive(Debug)]
+pub struct InodeTable {
+    maps: RwLock<Maps>,
+    /// Numbers of entries known by parent and name, kept across the kernel forgetting them.
+    named_numbers: Mutex<HashMap<(u64, OsString), u64>>,
+    /// Numbers of copied-up objects in local, by device and inode, until deleted.
+    origins: Mutex<HashMap<(u64, u64), u64>>,
+    next: AtomicU64,
+    /// The filesystems whose inode numbers become node numbers.
+    local_dev: u64,
+    remote_dev: AtomicU64,
 }
 
 impl InodeTable {
-    pub fn new() -> InodeTable {
-        InodeTable::default()
-    }
-
-    /// The number of an identity, handing out a new one the first time it is seen.
-    pub fn number(&self, id: Identity) -> u64 {
-        *self
-            .numbers
-            .lock()
-            .entry(id)
-            .or_insert_with(|| self.next.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// The number of an identity if it has one.
-    pub fn known(&self, id: &Identity) -> Option<u64> {
-        self.numbers.lock().get(id).copied()
-    }
-
-    /// Gives `id` the number `ino` (the root at mount, a copied-up object's new identity).
-    pub fn bind(&self, id: Identity, ino: u64) {
-        self.numbers.lock().insert(id, ino);
-    }
-
-    /// Forgets an identity whose object no longer exists on disk.
-    pub fn unbind(&self, id: &Identity) {
-        self.numbers.lock().remove(id);
+    /// A table holding only the root node, whose identities are `root_ids`.
+    pub fn new(root: Node, root_ids: Vec<Identity>, local_dev: u64, remote_dev: u64) -> Self {
+        let mut maps = Maps::default();
+        for id in root_ids {
+            maps.by_identity.insert(id, ROOT_INO);
+        }
+        let root = Arc::new(root);
+        root.state().identities = maps.by_identity.keys().cloned().collect();
+        maps.nodes.insert(
+            ROOT_INO,
+            Slot {
+                node: root,
+                lookups: AtomicU64::new(1),
+            },
+        );
+        InodeTable {
+            maps: RwLock::new(maps),
+            named_numbers: Mutex::new(HashMap::new()),
+            origins: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            local_dev,
+            remote_dev: AtomicU64::new(remote_dev),
+        }
     }
 
     pub fn get(&self, ino: u64) -> Option<Arc<Node>> {
-        self.nodes.read().get(&ino).cloned()
+        self.maps.read().nodes.get(&ino).map(|s| s.node.clone())
     }
 
-    /// Returns the live node for `ino`, or inserts the one `make` builds, and counts one
-    /// more kernel reference to it.
-    pub fn hand_out(&self, ino: u64, make: impl FnOnce() -> Node) -> Arc<Node> {
-        if let Some(node) = self.nodes.read().get(&ino) {
-            node.state().lookups += 1;
-            return node.clone();
+    /// The live node of an identity, counted as handed to the kernel once more.
+    pub fn hand_out_known(&self, id: &Identity) -> Option<Arc<Node>> {
+        let maps = self.maps.read();
+        let slot = maps.nodes.get(maps.by_identity.get(id)?)?;
+        slot.lookups.fetch_add(1, Ordering::Relaxed);
+        Some(slot.node.clone())
+    }
+
+    /// Hands out the live node of any of `new`'s identities, or makes `new` a node, and
+    /// counts one more kernel reference to it. A node built by a request that lost a race
+    /// is dropped (after the lock is released).
+    pub fn hand_out(&self, new: NewNode) -> Arc<Node> {
+        let mut maps = self.maps.write();
+        let existing = new
+            .identities
+            .iter()
+            .find_map(|id| maps.by_identity.get(id).copied());
+        if let Some(slot) = existing.and_then(|ino| maps.nodes.get(&ino)) {
+            slot.lookups.fetch_add(1, Ordering::Relaxed);
+            let node = slot.node.clone();
+            drop(maps);
+            return node;
         }
-        let mut nodes = self.nodes.write();
-        let node = nodes.entry(ino).or_insert_with(|| Arc::new(make()));
-        node.state().lookups += 1;
-        node.clone()
+        let ino = self.choose_number(&maps, &new.identities);
+        let mut state = new.state;
+        state.identities = new.identities.clone();
+        let node = Arc::new(Node::new(ino, new.kind, new.zone, state));
+        for id in new.identities {
+            maps.by_identity.insert(id, ino);
+        }
+        maps.nodes.insert(
+            ino,
+            Slot {
+                node: node.clone(),
+                lookups: AtomicU64::new(1),
+            },
+        );
+        node
     }
 
-    /// Inserts a node the kernel does not hold (the root) or replaces nothing if present.
-    pub fn insert(&self, node: Arc<Node>) {
-        self.nodes.write().entry(node.ino).or_insert(node);
-    }
-
-    /// Drops `count` kernel references; the node leaves the table at zero (its number stays).
+    /// Drops `count` kernel references; at zero the node leaves the table with its
+    /// identities, and its handles close once nothing else uses it.
     pub fn forget(&self, ino: u64, count: u64) {
         if ino == ROOT_INO {
             return;
         }
-        let mut nodes = self.nodes.write();
-        let gone = match nodes.get(&ino) {
-            Some(node) => {
-                let mut st = node.state();
-                st.lookups = st.lookups.saturating_sub(count);
-                st.lookups == 0
+        let gone = {
+            let mut maps = self.maps.write();
+            let done = match maps.nodes.get(&ino) {
+                Some(slot) => {
+                    let left = slot.lookups.load(Ordering::Relaxed).saturating_sub(count);
+                    slot.lookups.store(left, Ordering::Relaxed);
+                    left == 0
+                }
+                None => false,
+            };
+            if !done {
+                return;
             }
-            None => false,
+            let Some(slot) = maps.nodes.remove(&ino) else {
+                return;
+            };
+            let ids = std::mem::take(&mut slot.node.state().identities);
+            for id in ids {
+                if maps.by_identity.get(&id) == Some(&ino) {
+                    maps.by_identity.remove(&id);
+                }
+            }
+            slot.node
         };
-        if gone {
-            nodes.remove(&ino);
+        // Outside the lock: the last reference closes the node's handles.
+        drop(gone);
+    }
+
+    /// Adds an identity to a live node (a copy-up's local object). Any other node the
+    /// identity named loses it.
+    pub fn add_identity(&self, node: &Node, id: Identity) {
+        let mut maps = self.maps.write();
+        if !maps.nodes.contains_key(&node.ino) {
+            return;
         }
+        maps.by_identity.insert(id.clone(), node.ino);
+        let mut state = node.state();
+        if !state.identities.contains(&id) {
+            state.identities.push(id);
+        }
+    }
+
+    /// Takes an identity away from a node: its object no longer shows under it (a copied-up
+    /// file's remote object), or the next lookup must make a new node (see
+    /// [`InodeTable::detach`]).
+    pub fn remove_identity(&self, node: &Node, id: &Identity) {
+        let mut maps = self.maps.write();
+        if maps.by_identity.get(id) == Some(&node.ino) {
+            maps.by_identity.remove(id);
+        }
+        node.state().identities.retain(|i| i != id);
+    }
+
+    /// Takes every identity away from a live node: the kernel keeps it for what it has open,
+    /// and the next lookup of its object makes a new node under another number.
+    pub fn detach(&self, node: &Node) {
+        let mut maps = self.maps.write();
+        let ids = std::mem::take(&mut node.state().identities);
+        for id in ids {
+            if maps.by_identity.get(&id) == Some(&node.ino) {
+                maps.by_identity.remove(&id);
+            }
+        }
+    }
+
+    /// Remembers that the local object `(dev, ino)` is a copy numbered `number`.
+    pub fn set_origin(&self, dev: u64, ino: u64, number: u64) {
+        self.origins.lock().insert((dev, ino), number);
+    }
+
+    /// The local object `(dev, ino)` is gone: its inode number may name a new object.
+    pub fn forget_origin(&self, dev: u64, ino: u64) {
+        self.origins.lock().remove(&(dev, ino));
+    }
+
+    /// The number of an entry known by parent and name: the same for the life of the
+    /// mount, unless [`InodeTable::unbind_virtual`] drops it.
+    pub fn named_number(&self, parent: u64, name: &OsString) -> u64 {
+        *self
+            .named_numbers
+            .lock()
+            .entry((parent, name.clone()))
+            .or_insert_with(|| self.counter())
+    }
+
+    /// Forgets a synthesized entry's number and detaches its live node, so that the next
+    /// lookup makes a new node (a symlink whose target changed must not keep the number,
+    /// and so the target, the kernel cached for the old one).
+    pub fn unbind_virtual(&self, parent: u64, name: &OsString) {
+        self.named_numbers.lock().remove(&(parent, name.clone()));
+        let id = Identity::Virtual {
+            parent,
+            name: name.clone(),
+        };
+        let live = {
+            let maps = self.maps.read();
+            maps.by_identity
+                .get(&id)
+                .and_then(|ino| maps.nodes.get(ino))
+                .map(|s| s.node.clone())
+        };
+        if let Some(node) = live {
+            self.remove_identity(&node, &id);
+        }
+    }
+
+    /// The number a directory listing shows for an entry: its live node's, or the one a
+    /// lookup would derive. Nothing is added to the table.
+    pub fn listed_number(&self, id: &Identity) -> u64 {
+        if let Some(ino) = self.maps.read().by_identity.get(id) {
+            return *ino;
+        }
+        match id {
+            Identity::Virtual { parent, name } => self.named_number(*parent, name),
+            Identity::RemoteName { parent, name } => self
+                .named_numbers
+                .lock()
+                .get(&(*parent, name.clone()))
+                .copied()
+                .unwrap_or(0),
+            other => self.derived(other).unwrap_or(0),
+        }
+    }
+
+    /// The number of an identity's live node.
+    pub fn live_number(&self, id: &Identity) -> Option<u64> {
+        self.maps.read().by_identity.get(id).copied()
+    }
+
+    /// The remote's filesystem changed (the remote was replaced or remounted).
+    pub fn set_remote_dev(&self, dev: u64) {
+        self.remote_dev.store(dev, Ordering::Relaxed);
     }
 
     /// A snapshot of the live nodes (the table is not locked while the caller looks at them).
     pub fn live(&self) -> Vec<Arc<Node>> {
-        self.nodes.read().values().cloned().collect()
+        self.maps
+            .read()
+            .nodes
+            .values()
+            .map(|s| s.node.clone())
+            .collect()
     }
 
     pub fn len(&self) -> usize {
-        self.nodes.read().len()
+        self.maps.read().nodes.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How many identities the table maps (tests and metrics: it must follow `len`).
+    pub fn identities(&self) -> usize {
+        self.maps.read().by_identity.len()
+    }
+
+    fn choose_number(&self, maps: &Maps, ids: &[Identity]) -> u64 {
+        let derived = match ids.first() {
+            Some(Identity::Virtual { parent, name } | Identity::RemoteName { parent, name }) => {
+                Some(self.named_number(*parent, name))
+            }
+            Some(id) => self.derived(id),
+            None => None,
+        };
+        match derived {
+            Some(n) if !maps.nodes.contains_key(&n) => n,
+            _ => self.counter(),
+        }
+    }
+
+    /// The number an identity derives, if its filesystem's numbers fit.
+    fn derived(&self, id: &Identity) -> Option<u64> {
+        if let Identity::Local { dev, ino } = *id {
+            if let Some(number) = self.origins.lock().get(&(dev, ino)) {
+                return Some(*number);
+            }
+        }
+        match *id {
+            Identity::Local { dev, ino } if dev == self.local_dev => {
+                (ino > ROOT_INO && ino < REMOTE_BIT).then_some(ino)
+            }
+            Identity::Remote { dev, ino } if dev == self.remote_dev.load(Ordering::Relaxed) => {
+                (ino < REMOTE_BIT).then_some(ino | REMOTE_BIT)
+            }
+            _ => None,
+        }
+    }
+
+    fn counter(&self) -> u64 {
+        COUNTER_BIT | self.next.fetch_add(1, Ordering::Relaxed)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Kind;
-    use crate::view::node::{Layer, NodeState};
-    use crate::view::zone::Zone;
+    use crate::view::node::Layer;
 
-    fn file(ino: u64) -> Node {
-        Node::new(ino, Kind::File, Zone::Private, NodeState::new(Layer::Local))
+    const LOCAL: u64 = 10;
+    const REMOTE: u64 = 20;
+
+    fn table() -> InodeTable {
+        let root = Node::new(
+            ROOT_INO,
+            Kind::Dir,
+            Zone::Root,
+            NodeState::new(Layer::Local),
+        );
+        InodeTable::new(
+            root,
+            vec![Identity::Local { dev: LOCAL, ino: 2 }],
+            LOCAL,
+            REMOTE,
+        )
+    }
+
+    fn file(ids: Vec<Identity>) -> NewNode {
+        NewNode {
+            kind: Kind::File,
+            zone: Zone::Private,
+            state: NodeState::new(Layer::Local),
+            identities: ids,
+        }
+    }
+
+    fn local(ino: u64) -> Identity {
+        Identity::Local { dev: LOCAL, ino }
     }
 
     #[test]
-    fn numbers_are_stable_per_identity_and_distinct_across_identities() {
-        let t = InodeTable::new();
-        let a = t.number(Identity::Local { dev: 1, ino: 10 });
-        let b = t.number(Identity::Remote { dev: 1, ino: 10 });
-        assert_ne!(a, b, "local and remote namespaces must not collide");
-        assert_eq!(a, t.number(Identity::Local { dev: 1, ino: 10 }));
-        assert!(a > ROOT_INO && b > ROOT_INO);
+    fn numbers_derive_from_the_object_and_keep_layers_apart() {
+        let t = table();
+        let a = t.hand_out(file(vec![local(10)]));
+        let b = t.hand_out(file(vec![Identity::Remote {
+            dev: REMOTE,
+            ino: 10,
+        }]));
+        assert_eq!(a.ino, 10);
+        assert_eq!(b.ino, 10 | REMOTE_BIT);
+        let other_fs = t.hand_out(file(vec![Identity::Local { dev: 99, ino: 10 }]));
+        assert_ne!(other_fs.ino & COUNTER_BIT, 0);
     }
 
     #[test]
-    fn bind_gives_a_copied_up_object_its_old_number() {
-        let t = InodeTable::new();
-        let remote = t.number(Identity::Remote { dev: 2, ino: 7 });
-        t.bind(Identity::Local { dev: 1, ino: 99 }, remote);
-        assert_eq!(t.number(Identity::Local { dev: 1, ino: 99 }), remote);
-    }
-
-    #[test]
-    fn unbind_makes_a_recycled_inode_a_new_object() {
-        let t = InodeTable::new();
-        let id = Identity::Local { dev: 1, ino: 5 };
-        let first = t.number(id.clone());
-        t.unbind(&id);
-        assert_ne!(first, t.number(id));
-    }
-
-    #[test]
-    fn lookups_are_counted_and_forget_removes_at_zero() {
-        let t = InodeTable::new();
-        let n = t.hand_out(7, || file(7));
-        let again = t.hand_out(7, || panic!("must reuse the live node"));
-        assert!(Arc::ptr_eq(&n, &again));
-        t.forget(7, 1);
-        assert!(t.get(7).is_some());
-        t.forget(7, 1);
-        assert!(t.get(7).is_none());
+    fn a_live_identity_is_handed_out_again_and_counted() {
+        let t = table();
+        let a = t.hand_out(file(vec![local(5)]));
+        let again = t.hand_out_known(&local(5)).unwrap();
+        assert!(Arc::ptr_eq(&a, &again));
+        t.forget(5, 1);
+        assert!(t.get(5).is_some());
+        t.forget(5, 1);
+        assert!(t.get(5).is_none());
+        assert!(t.hand_out_known(&local(5)).is_none());
         // Forgetting more than was handed out, or an unknown node, is harmless.
-        t.forget(7, 3);
+        t.forget(5, 3);
         t.forget(12345, 1);
     }
 
     #[test]
+    fn a_forgotten_node_leaves_no_trace() {
+        let t = table();
+        for ino in 100..1100 {
+            t.hand_out(file(vec![local(ino)]));
+            t.forget(ino, 1);
+        }
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.identities(), 1);
+    }
+
+    #[test]
+    fn a_number_in_use_is_never_given_to_another_object() {
+        let t = table();
+        // A copied-up file keeps its remote number; a local object whose own number is
+        // taken by a live node of another object gets a counter number.
+        let first = t.hand_out(file(vec![local(7)]));
+        t.detach(&first);
+        let second = t.hand_out(file(vec![local(7)]));
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert_ne!(second.ino, first.ino);
+        assert_ne!(second.ino & COUNTER_BIT, 0);
+    }
+
+    #[test]
+    fn identities_added_later_find_the_same_node() {
+        let t = table();
+        let remote = Identity::Remote {
+            dev: REMOTE,
+            ino: 3,
+        };
+        let n = t.hand_out(file(vec![remote.clone()]));
+        t.add_identity(&n, local(33));
+        t.remove_identity(&n, &remote);
+        assert!(Arc::ptr_eq(&t.hand_out_known(&local(33)).unwrap(), &n));
+        assert!(t.hand_out_known(&remote).is_none());
+        assert_eq!(t.listed_number(&local(33)), n.ino);
+        t.forget(n.ino, 2);
+        assert_eq!(t.identities(), 1);
+        assert_eq!(t.listed_number(&local(33)), 33);
+    }
+
+    #[test]
+    fn synthesized_numbers_last_until_unbound() {
+        let t = table();
+        let name = OsString::from("abc");
+        let id = Identity::Virtual {
+            parent: 1,
+            name: name.clone(),
+        };
+        let n = t.hand_out(file(vec![id.clone()]));
+        t.forget(n.ino, 1);
+        assert_eq!(t.listed_number(&id), n.ino);
+        let again = t.hand_out(file(vec![id.clone()]));
+        assert_eq!(again.ino, n.ino);
+        t.unbind_virtual(1, &name);
+        assert!(t.hand_out_known(&id).is_none());
+        assert_ne!(t.hand_out(file(vec![id])).ino, n.ino);
+    }
+
+    #[test]
+    fn a_copy_keeps_its_original_number_until_deleted() {
+        let t = table();
+        let remote = Identity::Remote {
+            dev: REMOTE,
+            ino: 8,
+        };
+        let n = t.hand_out(file(vec![remote]));
+        t.set_origin(LOCAL, 80, n.ino);
+        t.forget(n.ino, 1);
+        assert_eq!(t.listed_number(&local(80)), 8 | REMOTE_BIT);
+        assert_eq!(t.hand_out(file(vec![local(80)])).ino, 8 | REMOTE_BIT);
+        t.forget(8 | REMOTE_BIT, 1);
+        t.forget_origin(LOCAL, 80);
+        assert_eq!(t.hand_out(file(vec![local(80)])).ino, 80);
+    }
+
+    #[test]
     fn the_root_is_never_forgotten() {
-        let t = InodeTable::new();
-        t.insert(Arc::new(file(ROOT_INO)));
+        let t = table();
         t.forget(ROOT_INO, 100);
         assert!(t.get(ROOT_INO).is_some());
     }

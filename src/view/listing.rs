@@ -2,9 +2,9 @@
 //! entries the zone lets through, then the layout's skeleton, each name once and in the
 //! same precedence as lookup. Whiteouts and copy-up temporaries never show.
 
-use std::collections::HashSet;
-use std::ffi::OsString;
-use std::os::fd::AsFd;
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use nix::errno::Errno;
@@ -38,19 +38,28 @@ impl View {
         ino: u64,
         fds: &DirFds,
     ) -> Result<Vec<ListEntry>, Errno> {
-        let mut seen: HashSet<OsString> = HashSet::new();
+        let mut seen: HashMap<OsString, usize> = HashMap::new();
         let mut out = Vec::new();
+        // Per local entry: whether the kernel knows it by a live node's number.
+        let mut known = Vec::new();
         if let Some(local) = fds.local() {
             let dev = store::stat_fd(local)?.st_dev;
             for e in store::read_dir(local)? {
                 if marker::is_reserved_name(e.name.as_bytes()) {
                     continue;
                 }
-                seen.insert(e.name.clone());
                 if e.whiteout && zone.has_below() {
-                    continue;
+                    let real = store::cname(&e.name).is_ok_and(|c| marker::is_device_at(local, &c));
+                    if !real {
+                        seen.insert(e.name, usize::MAX);
+                        continue;
+                    }
                 }
-                let ino = self.inodes.number(Identity::Local { dev, ino: e.ino });
+                seen.insert(e.name.clone(), out.len());
+                let id = Identity::Local { dev, ino: e.ino };
+                let live = self.inodes.live_number(&id);
+                known.push(live.is_some());
+                let ino = live.unwrap_or_else(|| self.inodes.listed_number(&id));
                 out.push(ListEntry {
                     name: e.name,
                     kind: e.kind,
@@ -61,8 +70,9 @@ impl View {
         let index = self.index();
         for name in self.layout.virtual_links(zone, &index) {
             let name = OsString::from(name);
-            if seen.insert(name.clone()) {
-                let ino = self.inodes.number(Identity::Virtual {
+            if !seen.contains_key(&name) {
+                seen.insert(name.clone(), out.len());
+                let ino = self.inodes.listed_number(&Identity::Virtual {
                     parent: ino,
                     name: name.clone(),
                 });
@@ -78,21 +88,39 @@ impl View {
             for e in store::read_dir(remote)? {
                 if !self.layout.remote_visible(zone, &e.name, &index)
                     || (zone != Zone::Shared && e.kind != Kind::Dir)
-                    || seen.contains(&e.name)
                 {
                     continue;
                 }
-                seen.insert(e.name.clone());
+                let remote_id = Identity::Remote { dev, ino: e.ino };
+                if let Some(&at) = seen.get(&e.name) {
+                    // A local directory over a remote one merges with it and is numbered
+                    // after it, unless it is opaque or the kernel knows it by another number.
+                    let merges = e.kind == Kind::Dir
+                        && out.get(at).is_some_and(|l| l.kind == Kind::Dir)
+                        && !known.get(at).copied().unwrap_or(true);
+                    if let (true, Some(local)) = (merges, fds.local()) {
+                        if !is_opaque_at(local, &e.name) {
+                            out[at].ino = self.inodes.listed_number(&remote_id);
+                        }
+                    }
+                    continue;
+                }
+                seen.insert(e.name.clone(), out.len());
                 // A remote file with several links is numbered per name once looked up
                 // (see `Identity::RemoteName`); telling them apart here would take a
                 // stat of every remote entry, so only a looked-up name's number is known.
+
                 let by_name = Identity::RemoteName {
                     parent: ino,
                     name: e.name.clone(),
                 };
-                let ino = match (e.kind, self.inodes.known(&by_name)) {
-                    (kind, Some(n)) if kind != Kind::Dir => n,
-                    _ => self.inodes.number(Identity::Remote { dev, ino: e.ino }),
+                let named = match e.kind {
+                    Kind::Dir => 0,
+                    _ => self.inodes.listed_number(&by_name),
+                };
+                let ino = match named {
+                    0 => self.inodes.listed_number(&remote_id),
+                    n => n,
                 };
                 out.push(ListEntry {
                     name: e.name,
@@ -107,8 +135,9 @@ impl View {
         };
         for name in skeleton {
             let name = OsString::from(name);
-            if seen.insert(name.clone()) {
-                let ino = self.inodes.number(Identity::Virtual {
+            if !seen.contains_key(&name) {
+                seen.insert(name.clone(), out.len());
+                let ino = self.inodes.listed_number(&Identity::Virtual {
                     parent: ino,
                     name: name.clone(),
                 });
@@ -121,4 +150,11 @@ impl View {
         }
         Ok(out)
     }
+}
+
+/// Whether the local subdirectory `name` of `dir` hides what is below it.
+fn is_opaque_at(dir: BorrowedFd<'_>, name: &OsStr) -> bool {
+    store::cname(name)
+        .and_then(|c| store::open_dir_at(dir, &c))
+        .is_ok_and(|fd| marker::is_opaque(fd.as_fd()))
 }

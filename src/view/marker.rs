@@ -3,6 +3,11 @@
 //! carry `trusted.overlay.opaque=y` (or `user.overlay.opaque=y` where trusted xattrs are
 //! refused).
 //!
+//! A 0/0 character device made *through* the view where a whiteout would hide something
+//! (a runtime's layer content, pjdfstest) is a real entry: it carries `trusted.layerfs.device`
+//! and is never taken for a whiteout. Kernel overlayfs, which refuses such devices, sees one
+//! as a whiteout if it ever mounts local as an upper directory.
+//!
 //! Because those names are ours, `*.overlay.*` attributes written *through* the view are
 //! stored escaped as `*.overlay.overlay.*`, the convention kernel overlayfs uses for nested
 //! overlays: a runtime stacking overlayfs on top of the view reads back exactly what it
@@ -23,6 +28,9 @@ pub const TEMP_PREFIX: &[u8] = b".layerfs-tmp.";
 pub const REGISTRY_NAME: &[u8] = b".layerfs-quota.json";
 
 const OPAQUE_NAMES: [&CStr; 2] = [c"trusted.overlay.opaque", c"user.overlay.opaque"];
+/// Marks a 0/0 character device that is not a whiteout. Only `trusted.` attributes can sit
+/// on a device node.
+const DEVICE_NAME: &CStr = c"trusted.layerfs.device";
 const PRIVATE_PREFIXES: [&[u8]; 2] = [b"trusted.overlay.", b"user.overlay."];
 
 /// The view's own bookkeeping in local (temporary files, the quota registry): never
@@ -31,9 +39,31 @@ pub fn is_reserved_name(name: &[u8]) -> bool {
     name.starts_with(TEMP_PREFIX) || name == REGISTRY_NAME
 }
 
-/// Whether a local entry, in a directory of `zone`, is one of our whiteouts.
-pub fn hides(zone: Zone, st: &Stat) -> bool {
-    zone.has_below() && store::is_whiteout(st)
+/// Whether the local entry `name` of `dir`, a directory of `zone`, is one of our
+/// whiteouts (`st` is its stat).
+pub fn hides(zone: Zone, dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> bool {
+    zone.has_below() && store::is_whiteout(st) && !is_device_at(dir, name)
+}
+
+/// Whether the 0/0 device `name` of `dir` is a real device rather than a whiteout.
+pub fn is_device_at(dir: BorrowedFd<'_>, name: &CStr) -> bool {
+    let mut path = store::proc_path(dir).into_bytes();
+    path.push(b'/');
+    path.extend_from_slice(name.to_bytes());
+    let Ok(path) = CString::new(path) else {
+        return false;
+    };
+    xattr::lget(&path, DEVICE_NAME).is_ok()
+}
+
+/// Marks the 0/0 device behind the `O_PATH` handle `fd` as a real device.
+pub fn set_device(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    xattr::set(&store::proc_path(fd), DEVICE_NAME, b"chr", 0)
+}
+
+/// Our own attributes, which the view neither shows nor lets anyone change.
+pub fn is_own_xattr(name: &[u8]) -> bool {
+    name == DEVICE_NAME.to_bytes()
 }
 
 /// Creates a whiteout for `name` in the local directory `dir`.

@@ -19,6 +19,7 @@ pub mod copyup;
 pub mod inodes;
 pub mod listing;
 pub mod marker;
+pub mod names;
 pub mod namespace;
 pub mod node;
 pub mod quota;
@@ -39,7 +40,7 @@ use parking_lot::RwLock;
 use crate::layout::LayoutIndex;
 use crate::quota::table::Quotas;
 use crate::store::{self, cname, Kind};
-use inodes::{Identity, InodeTable, ROOT_INO};
+use inodes::{Identity, InodeTable, NewNode, ROOT_INO};
 pub use node::{DirFds, Layer, Node, NodeState};
 pub use zone::{Layout, LinkStyle, Zone};
 
@@ -59,12 +60,24 @@ pub struct Entry {
     pub stat: Stat,
 }
 
-/// What a name resolves to, before it becomes a node.
+/// What a name resolves to, before it becomes a node. `fd` is the object's `O_PATH`
+/// handle when resolving opened it; a stat alone is enough to find a live node.
 enum Found {
-    Local { st: Stat },
-    Remote { st: Stat },
+    Local { fd: Option<OwnedFd>, st: Stat },
+    Remote { fd: Option<OwnedFd>, st: Stat },
     VirtualDir,
     VirtualLink(Vec<u8>),
+}
+
+/// How a name is resolved: what the caller expects decides which costs fewer system calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// The kernel asks for a name it does not hold: open the object right away, it will
+    /// need a new node.
+    Open,
+    /// The kernel holds the name (it locked it for an unlink or rename): a stat finds the
+    /// live node.
+    Stat,
 }
 
 pub struct View {
@@ -80,7 +93,6 @@ pub struct View {
     /// The quota roots; set `quotas` before serving to choose the errno of a full root.
     pub quotas: Quotas,
     local_root: Arc<OwnedFd>,
-    remote_root: Arc<OwnedFd>,
     /// Owner and times given to synthesized objects.
     virtual_base: Stat,
 }
@@ -107,31 +119,29 @@ impl View {
         virtual_base.st_mtime_nsec = 0;
         virtual_base.st_ctime_nsec = 0;
         virtual_base.st_atime_nsec = 0;
-        let view = View {
+        let remote_dev = store::stat_fd(remote_root.as_fd()).map_or(0, |st| st.st_dev);
+        let local_root = Arc::new(local_root);
+        let remote_root = Arc::new(remote_root);
+        let mut state = NodeState::new(Layer::Local);
+        state.local = Some(local_root.clone());
+        state.remote = Some(remote_root.clone());
+        let root = Node::new(ROOT_INO, Kind::Dir, Zone::Root, state);
+        let inodes = InodeTable::new(
+            root,
+            vec![local_identity(&local_st)],
+            local_st.st_dev,
+            remote_dev,
+        );
+        Ok(View {
             layout,
             index: RwLock::new(Arc::new(index)),
             skeleton: Default::default(),
             remote_available: std::sync::atomic::AtomicBool::new(true),
-            inodes: InodeTable::new(),
+            inodes,
             quotas: Quotas::new(Errno::ENOSPC),
-            local_root: Arc::new(local_root),
-            remote_root: Arc::new(remote_root),
+            local_root,
             virtual_base,
-        };
-        view.inodes.bind(
-            Identity::Local {
-                dev: local_st.st_dev,
-                ino: local_st.st_ino,
-            },
-            ROOT_INO,
-        );
-        let mut state = NodeState::new(Layer::Local);
-        state.local = Some(view.local_root.clone());
-        state.remote = Some(view.remote_root.clone());
-        state.lookups = 1;
-        view.inodes
-            .insert(Arc::new(Node::new(ROOT_INO, Kind::Dir, Zone::Root, state)));
-        Ok(view)
+        })
     }
 
     /// The layout index in force. Cheap: an `Arc` clone.
@@ -159,27 +169,27 @@ impl View {
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry, Errno> {
         let parent = self.dir(parent)?;
         let c = view_name(name)?;
-        let found = self.resolve(&parent, name, &c)?;
+        let found = self.resolve(&parent, name, &c, Probe::Open)?;
         self.materialize(&parent, name, &c, found)
     }
 
     /// Finds what `name` is in the directory `parent`, without creating a node.
-    fn resolve(&self, parent: &Node, name: &OsStr, c: &CStr) -> Result<Found, Errno> {
+    fn resolve(&self, parent: &Node, name: &OsStr, c: &CStr, probe: Probe) -> Result<Found, Errno> {
         let fds = parent.dir_fds();
         if let Some(local) = fds.local() {
-            match store::stat_at(local, c) {
-                Ok(st) if marker::hides(parent.zone, &st) => return Err(Errno::ENOENT),
-                Ok(st) => return Ok(Found::Local { st }),
-                Err(Errno::ENOENT) => {}
-                Err(e) => return Err(e),
+            if let Some((fd, st)) = probe_entry(local, c, probe)? {
+                if marker::hides(parent.zone, local, c, &st) {
+                    return Err(Errno::ENOENT);
+                }
+                return Ok(Found::Local { fd, st });
             }
         }
         let index = self.index();
         if let Some(target) = self.layout.virtual_link(parent.zone, name, &index) {
             return Ok(Found::VirtualLink(target));
         }
-        if let Some(st) = self.remote_entry(parent, &fds, name, c, &index)? {
-            return Ok(Found::Remote { st });
+        if let Some((fd, st)) = self.remote_entry(parent, &fds, name, c, &index, probe)? {
+            return Ok(Found::Remote { fd, st });
         }
         if self.layout.is_skeleton(parent.zone, name) {
             return Ok(Found::VirtualDir);
@@ -195,7 +205,8 @@ impl View {
         name: &OsStr,
         c: &CStr,
         index: &LayoutIndex,
-    ) -> Result<Option<Stat>, Errno> {
+        probe: Probe,
+    ) -> Result<Option<(Option<OwnedFd>, Stat)>, Errno> {
         let Some(remote) = fds.remote() else {
             return Ok(None);
         };
@@ -205,15 +216,15 @@ impl View {
         if !self.layout.remote_visible(parent.zone, name, index) {
             return Ok(None);
         }
-        match store::stat_at(remote, c) {
+        match probe_entry(remote, c, probe)? {
             // Above the shared areas only real directories count: a remote symlink named
             // like a layer must not turn into one.
-            Ok(st) if parent.zone != Zone::Shared && Kind::from_mode(st.st_mode) != Kind::Dir => {
+            Some((_, st))
+                if parent.zone != Zone::Shared && Kind::from_mode(st.st_mode) != Kind::Dir =>
+            {
                 Ok(None)
             }
-            Ok(st) => Ok(Some(st)),
-            Err(Errno::ENOENT) => Ok(None),
-            Err(e) => Err(e),
+            other => Ok(other),
         }
     }
 
@@ -230,11 +241,12 @@ impl View {
             return Ok(true);
         }
         Ok(self
-            .remote_entry(parent, &parent.dir_fds(), name, c, &index)?
+            .remote_entry(parent, &parent.dir_fds(), name, c, &index, Probe::Stat)?
             .is_some())
     }
 
-    /// Turns a resolved name into the node the kernel will know it by.
+    /// Turns a resolved name into the node the kernel will know it by: the live node of
+    /// its object if there is one, a new node otherwise.
     fn materialize(
         &self,
         parent: &Arc<Node>,
@@ -242,84 +254,119 @@ impl View {
         c: &CStr,
         found: Found,
     ) -> Result<Entry, Errno> {
-        let zone = self.layout.child_zone(parent.zone, name, &self.index());
-        let (identity, kind, stat) = match &found {
-            Found::Local { st } => (local_identity(st), Kind::from_mode(st.st_mode), Some(*st)),
-            Found::Remote { st } => (
-                remote_identity(parent, name, st),
-                Kind::from_mode(st.st_mode),
-                Some(*st),
-            ),
-            Found::VirtualDir => (virtual_identity(parent, name), Kind::Dir, None),
-            Found::VirtualLink(_) => (virtual_identity(parent, name), Kind::Symlink, None),
+        let known = match &found {
+            Found::Local { st, .. } => Some(local_identity(st)),
+            Found::Remote { st, .. } => Some(remote_identity(parent, name, st)),
+            _ => Some(virtual_identity(parent, name)),
         };
-        let ino = self.inodes.number(identity);
-        let mut failure = None;
-        let node = self.inodes.hand_out(ino, || {
-            let (state, err) = self.new_state(parent, name, c, zone, kind, &found);
-            failure = err;
-            Node::new(ino, kind, zone, state)
-        });
+        if let Some(node) = known.and_then(|id| self.inodes.hand_out_known(&id)) {
+            node.state().add_alias(parent, name);
+            let stat = match &found {
+                Found::Local { st, .. } | Found::Remote { st, .. } => self.present(&node, *st),
+                _ => self.virtual_stat(&node),
+            };
+            return Ok(Entry { node, stat });
+        }
+        let (new, stat) = self.build(parent, name, c, found)?;
+        let node = self.inodes.hand_out(new);
         node.state().add_alias(parent, name);
         self.remember_skeleton(&node);
-        if let Some(e) = failure {
-            self.inodes.forget(ino, 1);
-            return Err(e);
-        }
         let stat = match stat {
             Some(st) => self.present(&node, st),
-            None => self.getattr(&node, None)?,
+            None => self.virtual_stat(&node),
         };
         Ok(Entry { node, stat })
     }
 
-    fn new_state(
+    /// Everything a new node needs, opened before the inode table is locked.
+    fn build(
         &self,
-        parent: &Node,
+        parent: &Arc<Node>,
         name: &OsStr,
         c: &CStr,
-        zone: Zone,
-        kind: Kind,
-        found: &Found,
-    ) -> (NodeState, Option<Errno>) {
-        let mut state = NodeState::new(match found {
-            Found::Local { .. } => Layer::Local,
-            Found::Remote { .. } => Layer::Remote,
-            _ => Layer::Virtual,
-        });
-        if let Found::VirtualLink(target) = found {
-            state.link = Some(target.as_slice().into());
-        }
-        if kind != Kind::Dir {
-            return (state, None);
-        }
+        found: Found,
+    ) -> Result<(NewNode, Option<Stat>), Errno> {
+        let zone = self.layout.child_zone(parent.zone, name, &self.index());
         let fds = parent.dir_fds();
-        if let (Found::Local { .. }, Some(local)) = (found, fds.local()) {
-            match store::open_dir_at(local, c) {
-                Ok(fd) => {
-                    let opaque = marker::is_opaque(fd.as_fd());
-                    state.local = Some(Arc::new(fd));
-                    if opaque || !zone.merges_remote() {
-                        return (state, None);
+        let (layer, fd, st) = match found {
+            Found::VirtualDir | Found::VirtualLink(_) => {
+                let mut state = NodeState::new(Layer::Virtual);
+                let kind = match found {
+                    Found::VirtualLink(target) => {
+                        state.link = Some(target.as_slice().into());
+                        Kind::Symlink
                     }
-                }
-                Err(e) => return (state, Some(e)),
+                    _ => Kind::Dir,
+                };
+                let new = NewNode {
+                    kind,
+                    zone,
+                    state,
+                    identities: vec![virtual_identity(parent, name)],
+                };
+                return Ok((new, None));
             }
-        }
-        if zone.merges_remote() && self.remote_reachable(parent.zone) {
-            if let Some(remote) = fds.remote() {
-                if self.layout.remote_visible(parent.zone, name, &self.index()) {
-                    match store::open_dir_at(remote, c) {
-                        Ok(fd) => state.remote = Some(Arc::new(fd)),
-                        // Absent or not a directory remotely: nothing merges.
-                        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => {}
-                        Err(e) if matches!(found, Found::Remote { .. }) => return (state, Some(e)),
-                        Err(_) => {}
-                    }
+            Found::Local { fd, st } => {
+                let dir = fds.local().ok_or(Errno::ESTALE)?;
+                let (fd, st) = pin(dir, c, fd, st)?;
+                // Another object took the name between the stat and the open.
+                if marker::hides(parent.zone, dir, c, &st) {
+                    return Err(Errno::ENOENT);
                 }
+                (Layer::Local, fd, st)
             }
+            Found::Remote { fd, st } => {
+                let dir = fds.remote().ok_or(Errno::ESTALE)?;
+                let (fd, st) = pin(dir, c, fd, st)?;
+                (Layer::Remote, fd, st)
+            }
+        };
+        let kind = Kind::from_mode(st.st_mode);
+        let mut state = NodeState::new(layer);
+        let mut identities = Vec::with_capacity(2);
+        if kind != Kind::Dir {
+            identities.push(match layer {
+                Layer::Local => local_identity(&st),
+                _ => remote_identity(parent, name, &st),
+            });
+            state.object = Some(Arc::new(fd));
+        } else if layer == Layer::Remote {
+            identities.push(remote_dir_identity(&st));
+            state.remote = Some(Arc::new(fd));
+        } else {
+            let merges = zone.merges_remote() && !marker::is_opaque(fd.as_fd());
+            // A merged directory is numbered after its remote part (its first identity):
+            // copying it up changes nothing the kernel sees.
+            if let Some((remote_fd, remote_st)) =
+                merges.then(|| self.remote_below(parent, name, c)).flatten()
+            {
+                identities.push(remote_dir_identity(&remote_st));
+                state.remote = Some(Arc::new(remote_fd));
+            }
+            identities.push(local_identity(&st));
+            state.local = Some(Arc::new(fd));
         }
-        (state, None)
+        let new = NewNode {
+            kind,
+            zone,
+            state,
+            identities,
+        };
+        Ok((new, Some(st)))
+    }
+
+    /// The remote directory a local directory `name` of `parent` merges with, if any.
+    fn remote_below(&self, parent: &Node, name: &OsStr, c: &CStr) -> Option<(OwnedFd, Stat)> {
+        if !self.remote_reachable(parent.zone)
+            || !self.layout.remote_visible(parent.zone, name, &self.index())
+        {
+            return None;
+        }
+        let remote = parent.dir_fds().remote?;
+        // Absent or not a directory remotely: nothing merges.
+        let fd = store::open_dir_at(remote.as_fd(), c).ok()?;
+        let st = store::stat_fd(fd.as_fd()).ok()?;
+        Some((fd, st))
     }
 
     /// Attributes of a node, read fresh. `open` is an fd of the object when the caller
@@ -328,30 +375,11 @@ impl View {
         if let Some(fd) = open {
             return Ok(self.present(node, store::stat_fd(fd)?));
         }
-        let (layer, local, remote) = {
-            let st = node.state();
-            (st.layer, st.local.clone(), st.remote.clone())
-        };
-        let st = match layer {
-            Layer::Virtual => return Ok(self.virtual_stat(node)),
-            Layer::Local if node.is_dir() => {
-                store::stat_fd(local.as_deref().ok_or(Errno::ESTALE)?.as_fd())?
-            }
-            Layer::Remote if node.is_dir() => {
-                store::stat_fd(remote.as_deref().ok_or(Errno::ESTALE)?.as_fd())?
-            }
-            _ => {
-                let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
-                let fds = parent.dir_fds();
-                let dir = match layer {
-                    Layer::Local => fds.local(),
-                    _ => fds.remote(),
-                }
-                .ok_or(Errno::ESTALE)?;
-                store::stat_at(dir, &cname(&name)?)?
-            }
-        };
-        Ok(self.present(node, st))
+        if node.layer() == Layer::Virtual {
+            return Ok(self.virtual_stat(node));
+        }
+        let object = node.object().ok_or(Errno::ESTALE)?;
+        Ok(self.present(node, store::stat_fd(object.as_fd())?))
     }
 
     /// Dresses on-disk attributes as the view shows them.
@@ -387,21 +415,11 @@ impl View {
         if node.kind != Kind::Symlink {
             return Err(Errno::EINVAL);
         }
-        let layer = {
-            let st = node.state();
-            if let Some(target) = &st.link {
-                return Ok(target.to_vec());
-            }
-            st.layer
-        };
-        let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
-        let fds = parent.dir_fds();
-        let dir = match layer {
-            Layer::Local => fds.local(),
-            _ => fds.remote(),
+        if let Some(target) = &node.state().link {
+            return Ok(target.to_vec());
         }
-        .ok_or(Errno::ESTALE)?;
-        store::readlink_at(dir, &cname(&name)?)
+        let object = node.object().ok_or(Errno::ESTALE)?;
+        store::readlink_at(object.as_fd(), c"")
     }
 
     /// Writes everything of local's filesystem to disk (the mount is going away).
@@ -431,35 +449,25 @@ impl View {
         if writes && node.layer() != Layer::Local {
             self.copy_up(node, flags & libc::O_TRUNC == 0)?;
         }
-        let layer = node.layer();
-        let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
-        let fds = parent.dir_fds();
-        let c = cname(&name)?;
+        let (layer, object) = node.placed();
+        let object = object.ok_or(Errno::EINVAL)?;
         // The kernel has already applied O_CREAT/O_EXCL; O_APPEND positions come with each
         // write; O_DIRECT alignment is the kernel's business, not the backing file's.
         let keep = libc::O_ACCMODE | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
-        let oflags = OFlag::from_bits_truncate(flags & keep);
+        let oflags = match layer {
+            Layer::Local => OFlag::from_bits_truncate(flags & keep),
+            _ => OFlag::O_RDONLY | (OFlag::from_bits_truncate(flags) & OFlag::O_NOATIME),
+        };
         // A truncating open frees the file's blocks: its quota root gets them back.
         let truncating = match (layer, oflags.contains(OFlag::O_TRUNC)) {
             (Layer::Local, true) => self.quota_of(node).map(|root| {
-                let before = fds
-                    .local()
-                    .and_then(|dir| store::stat_at(dir, &c).ok())
+                let before = store::stat_fd(object.as_fd())
                     .map_or(0, |st| crate::quota::scan::allocated(&st));
                 (root, before)
             }),
             _ => None,
         };
-        let fd = match layer {
-            Layer::Local => store::open_at(fds.local().ok_or(Errno::ESTALE)?, &c, oflags, 0),
-            Layer::Remote => store::open_at(
-                fds.remote().ok_or(Errno::ESTALE)?,
-                &c,
-                OFlag::O_RDONLY | (oflags & OFlag::O_NOATIME),
-                0,
-            ),
-            Layer::Virtual => Err(Errno::EINVAL),
-        };
+        let fd = store::reopen(object.as_fd(), oflags);
         if let (Ok(fd), Some((root, before))) = (&fd, truncating) {
             self.settle(&root, node, fd.as_fd(), before);
         }
@@ -487,6 +495,49 @@ fn view_name(name: &OsStr) -> Result<std::ffi::CString, Errno> {
 
 fn local_identity(st: &Stat) -> Identity {
     Identity::Local {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    }
+}
+
+/// The object `c` of `dir` as a node holds it: `fd` if resolving opened it, else opened now
+/// (and stat'ed again: the name may have changed hands since it was stat'ed).
+fn pin(
+    dir: BorrowedFd<'_>,
+    c: &CStr,
+    fd: Option<OwnedFd>,
+    st: Stat,
+) -> Result<(OwnedFd, Stat), Errno> {
+    match fd {
+        Some(fd) => Ok((fd, st)),
+        None => {
+            let fd = store::open_path_at(dir, c)?;
+            let st = store::stat_fd(fd.as_fd())?;
+            Ok((fd, st))
+        }
+    }
+}
+
+/// One entry of a directory, by an open handle or a stat as `probe` says; `None` if absent.
+fn probe_entry(
+    dir: BorrowedFd<'_>,
+    c: &CStr,
+    probe: Probe,
+) -> Result<Option<(Option<OwnedFd>, Stat)>, Errno> {
+    let found = match probe {
+        Probe::Open => store::open_path_at(dir, c)
+            .and_then(|fd| store::stat_fd(fd.as_fd()).map(|st| (Some(fd), st))),
+        Probe::Stat => store::stat_at(dir, c).map(|st| (None, st)),
+    };
+    match found {
+        Ok(found) => Ok(Some(found)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn remote_dir_identity(st: &Stat) -> Identity {
+    Identity::Remote {
         dev: st.st_dev,
         ino: st.st_ino,
     }

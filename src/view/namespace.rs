@@ -1,17 +1,18 @@
 //! Changes to the namespace: create, mkdir, mknod, symlink, link, unlink, rmdir, rename.
 //!
 //! All of them write local only. The kernel holds the directories' locks around each call,
-//! so a name never changes between our checks and our writes through the view; the order
-//! of steps is still chosen so that a crash leaves the remote entry visible rather than a
-//! half-made local one.
+//! so a name never changes between our checks and our writes through the view. A whiteout
+//! is never removed before what replaces it is in place (see [`super::names`]): a failed or
+//! interrupted call never brings a deleted remote entry back.
 //!
 //! Renaming a directory that merges remote content fails with `EXDEV`, as overlayfs does
 //! without `redirect_dir`; `mv` then copies and deletes. Files and symlinks are copied up
 //! and renamed; the old name gets a whiteout in the same `renameat2(RENAME_WHITEOUT)` where
 //! the filesystem has it.
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use nix::errno::Errno;
@@ -19,9 +20,10 @@ use nix::fcntl::{AtFlags, OFlag, RenameFlags};
 use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 
+use super::copyup::{temp_name, Room};
 use super::node::{Layer, Node};
 use super::quota::{charge_new, dir_blocks, NEEDS_ROOM};
-use super::{local_identity, marker, view_name, Caller, Entry, Found, Stat, View};
+use super::{marker, names, view_name, Caller, Entry, Found, Probe, Stat, View};
 use crate::quota::scan::allocated;
 use crate::quota::table::QuotaRoot;
 use crate::store::{self, Kind};
@@ -47,40 +49,45 @@ impl View {
         flags: i32,
         caller: Caller,
     ) -> Result<(Entry, OwnedFd), Errno> {
-        let dir_node = self.dir(parent)?;
+        let parent = self.dir(parent)?;
         self.allocating(
-            &dir_node,
+            &parent,
             NEEDS_ROOM,
             1,
-            || self.create_file(parent, name, mode, flags, caller),
+            || self.create_file(&parent, name, mode, flags, caller),
             |(entry, _)| allocated(&entry.stat),
         )
     }
 
     fn create_file(
         &self,
-        parent: u64,
+        parent: &Arc<Node>,
         name: &OsStr,
         mode: u32,
         flags: i32,
         caller: Caller,
     ) -> Result<(Entry, OwnedFd), Errno> {
-        let (parent, c, dir) = self.prepare_new(parent, name)?;
         let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC;
         let oflags = OFlag::from_bits_truncate(flags & keep) | OFlag::O_CREAT | OFlag::O_EXCL;
-        let fd = store::open_at(dir.as_fd(), &c, oflags, mode & 0o7777)?;
-        let owned = give_to_caller(
-            fd.as_fd(),
-            caller,
-            &store::stat_fd(dir.as_fd())?,
-            mode,
-            Kind::File,
-        );
-        if let Err(e) = owned {
-            let _ = nix::unistd::unlinkat(dir.as_fd(), c.as_c_str(), UnlinkatFlags::NoRemoveDir);
-            return Err(e);
-        }
-        let entry = self.enter_local(&parent, name, &c, dir.as_fd())?;
+        let (c, _, fd) = self.place_new(parent, name, Kind::File, false, |dir, at| {
+            let fd = store::open_at(dir, at, oflags, mode & 0o7777)?;
+            let owned = store::stat_fd(dir)
+                .and_then(|d| give_to_caller(fd.as_fd(), caller, &d, mode, Kind::File));
+            match owned {
+                Ok(()) => Ok(fd),
+                Err(e) => {
+                    let _ = names::remove_any(dir, at, false);
+                    Err(e)
+                }
+            }
+        })?;
+        let pinned = store::reopen(fd.as_fd(), OFlag::O_PATH)?;
+        let st = store::stat_fd(pinned.as_fd())?;
+        let found = Found::Local {
+            fd: Some(pinned),
+            st,
+        };
+        let entry = self.materialize(parent, name, &c, found)?;
         Ok((entry, fd))
     }
 
@@ -91,50 +98,41 @@ impl View {
         mode: u32,
         caller: Caller,
     ) -> Result<Entry, Errno> {
-        let dir_node = self.dir(parent)?;
+        let parent = self.dir(parent)?;
         let block = self.local_block_size();
         self.allocating(
-            &dir_node,
+            &parent,
             block,
             1,
-            || self.make_dir(parent, name, mode, caller),
+            || self.make_dir(&parent, name, mode, caller),
             |entry| allocated(&entry.stat),
         )
     }
 
     fn make_dir(
         &self,
-        parent: u64,
+        parent: &Arc<Node>,
         name: &OsStr,
         mode: u32,
         caller: Caller,
     ) -> Result<Entry, Errno> {
-        let (parent, c, dir) = self.prepare_new(parent, name)?;
-        let below = self.exists_below(&parent, name, &c)?;
-        nix::sys::stat::mkdirat(
-            dir.as_fd(),
-            c.as_c_str(),
-            Mode::from_bits_truncate(mode & 0o7777),
-        )?;
-        let made = store::open_dir_at(dir.as_fd(), &c).and_then(|fd| {
-            give_to_caller(
-                fd.as_fd(),
-                caller,
-                &store::stat_fd(dir.as_fd())?,
-                mode,
-                Kind::Dir,
-            )?;
-            // A directory made where a remote one is hidden must not let its entries back.
-            if below {
-                marker::set_opaque(fd.as_fd())?;
+        let below = self.exists_below(parent, name, &view_name(name)?)?;
+        let (c, dir, ()) = self.place_new(parent, name, Kind::Dir, false, |dir, at| {
+            nix::sys::stat::mkdirat(dir, at, Mode::from_bits_truncate(mode & 0o7777))?;
+            let made = store::open_dir_at(dir, at).and_then(|fd| {
+                give_to_caller(fd.as_fd(), caller, &store::stat_fd(dir)?, mode, Kind::Dir)?;
+                // A directory made where a remote one is hidden must not let its entries back.
+                if below {
+                    marker::set_opaque(fd.as_fd())?;
+                }
+                Ok(())
+            });
+            if made.is_err() {
+                let _ = names::remove_any(dir, at, true);
             }
-            Ok(())
-        });
-        if let Err(e) = made {
-            let _ = nix::unistd::unlinkat(dir.as_fd(), c.as_c_str(), UnlinkatFlags::RemoveDir);
-            return Err(e);
-        }
-        self.enter_local(&parent, name, &c, dir.as_fd())
+            made
+        })?;
+        self.enter_local(parent, name, &c, dir.as_fd())
     }
 
     pub fn mknod(
@@ -145,47 +143,59 @@ impl View {
         rdev: u32,
         caller: Caller,
     ) -> Result<Entry, Errno> {
-        let dir_node = self.dir(parent)?;
-        self.allocating(
-            &dir_node,
-            NEEDS_ROOM,
-            1,
-            || self.make_node(parent, name, mode, rdev, caller),
-            |entry| allocated(&entry.stat),
-        )
+        let parent = self.dir(parent)?;
+        let make = || self.make_node(&parent, name, mode, rdev, caller);
+        let made = |entry: &Entry| allocated(&entry.stat);
+        if mode & libc::S_IFMT == libc::S_IFCHR && rdev == 0 {
+            // Kernel overlayfs stacked on the view deletes with these: a deletion must work
+            // in a full root.
+            self.recording(&parent, 1, make, made)
+        } else {
+            self.allocating(&parent, NEEDS_ROOM, 1, make, made)
+        }
     }
 
     fn make_node(
         &self,
-        parent: u64,
+        parent: &Arc<Node>,
         name: &OsStr,
         mode: u32,
         rdev: u32,
         caller: Caller,
     ) -> Result<Entry, Errno> {
-        let (parent, c, dir) = self.prepare_new(parent, name)?;
         let kind = SFlag::from_bits_truncate(mode & libc::S_IFMT);
-        nix::sys::stat::mknodat(
-            dir.as_fd(),
-            c.as_c_str(),
-            kind,
-            Mode::from_bits_truncate(mode & 0o7777),
-            rdev as u64,
-        )?;
-        let made = store::open_path_at(dir.as_fd(), &c).and_then(|fd| {
-            give_to_caller(
-                fd.as_fd(),
-                caller,
-                &store::stat_fd(dir.as_fd())?,
-                mode,
-                Kind::from_mode(mode),
-            )
-        });
-        if let Err(e) = made {
-            let _ = nix::unistd::unlinkat(dir.as_fd(), c.as_c_str(), UnlinkatFlags::NoRemoveDir);
-            return Err(e);
-        }
-        self.enter_local(&parent, name, &c, dir.as_fd())
+        // A 0/0 device where a whiteout would hide something is marked as a real device
+        // before it takes its name, so that it is never, even for a moment, a whiteout.
+        let device = kind == SFlag::S_IFCHR && rdev == 0 && parent.zone.has_below();
+        let (c, dir, ()) =
+            self.place_new(parent, name, Kind::from_mode(mode), device, |dir, at| {
+                nix::sys::stat::mknodat(
+                    dir,
+                    at,
+                    kind,
+                    Mode::from_bits_truncate(mode & 0o7777),
+                    rdev as u64,
+                )?;
+                let made = store::open_path_at(dir, at).and_then(|fd| {
+                    if device {
+                        // Without trusted attributes there is no telling it from a whiteout:
+                        // refuse it, as kernel overlayfs refuses every such device.
+                        marker::set_device(fd.as_fd()).map_err(|_| Errno::EPERM)?;
+                    }
+                    give_to_caller(
+                        fd.as_fd(),
+                        caller,
+                        &store::stat_fd(dir)?,
+                        mode,
+                        Kind::from_mode(mode),
+                    )
+                });
+                if made.is_err() {
+                    let _ = names::remove_any(dir, at, false);
+                }
+                made
+            })?;
+        self.enter_local(parent, name, &c, dir.as_fd())
     }
 
     pub fn symlink(
@@ -195,7 +205,7 @@ impl View {
         target: &OsStr,
         caller: Caller,
     ) -> Result<Entry, Errno> {
-        let dir_node = self.dir(parent)?;
+        let parent = self.dir(parent)?;
         // Short targets live in the inode itself on most filesystems; longer ones take a
         // block.
         let estimate = if target.len() < 60 {
@@ -204,36 +214,38 @@ impl View {
             self.local_block_size()
         };
         self.allocating(
-            &dir_node,
+            &parent,
             estimate,
             1,
-            || self.make_symlink(parent, name, target, caller),
+            || self.make_symlink(&parent, name, target, caller),
             |entry| allocated(&entry.stat),
         )
     }
 
     fn make_symlink(
         &self,
-        parent: u64,
+        parent: &Arc<Node>,
         name: &OsStr,
         target: &OsStr,
         caller: Caller,
     ) -> Result<Entry, Errno> {
-        let (parent, c, dir) = self.prepare_new(parent, name)?;
-        nix::unistd::symlinkat(target, dir.as_fd(), c.as_c_str())?;
-        let gid = self.new_gid(dir.as_fd(), caller)?;
-        let owned = nix::unistd::fchownat(
-            dir.as_fd(),
-            c.as_c_str(),
-            Some(Uid::from_raw(caller.uid)),
-            gid,
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        );
-        if let Err(e) = owned {
-            let _ = nix::unistd::unlinkat(dir.as_fd(), c.as_c_str(), UnlinkatFlags::NoRemoveDir);
-            return Err(e);
-        }
-        self.enter_local(&parent, name, &c, dir.as_fd())
+        let (c, dir, ()) = self.place_new(parent, name, Kind::Symlink, false, |dir, at| {
+            nix::unistd::symlinkat(target, dir, at)?;
+            let owned = self.new_gid(dir, caller).and_then(|gid| {
+                nix::unistd::fchownat(
+                    dir,
+                    at,
+                    Some(Uid::from_raw(caller.uid)),
+                    gid,
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+            });
+            if owned.is_err() {
+                let _ = names::remove_any(dir, at, false);
+            }
+            owned
+        })?;
+        self.enter_local(parent, name, &c, dir.as_fd())
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &OsStr) -> Result<Entry, Errno> {
@@ -252,32 +264,30 @@ impl View {
         }
         // Copied up first, and charged by itself, so the link measures only its own entry.
         self.copy_up(&node, true)?;
-        self.allocating(
-            &dir_node,
-            NEEDS_ROOM,
-            0,
-            || self.make_link(&node, new_parent, new_name),
-            |_| 0,
-        )
+        let object = node.object().ok_or(Errno::ESTALE)?;
+        let st = store::stat_fd(object.as_fd())?;
+        let make = || self.make_link(&node, &object, &dir_node, new_name);
+        if store::is_whiteout(&st) {
+            // Kernel overlayfs stacked on the view makes its whiteouts as links to one: a
+            // deletion must work in a full root.
+            self.recording(&dir_node, 0, make, |_| 0)
+        } else {
+            self.allocating(&dir_node, NEEDS_ROOM, 0, make, |_| 0)
+        }
     }
 
     fn make_link(
         &self,
         node: &Arc<Node>,
-        new_parent: u64,
+        object: &OwnedFd,
+        parent: &Arc<Node>,
         new_name: &OsStr,
     ) -> Result<Entry, Errno> {
-        let (src_parent, src_name) = node.primary().ok_or(Errno::ESTALE)?;
-        let src_dir = src_parent.dir_fds().local.ok_or(Errno::ESTALE)?;
-        let (parent, c, dir) = self.prepare_new(new_parent, new_name)?;
-        nix::unistd::linkat(
-            src_dir.as_fd(),
-            store::cname(&src_name)?.as_c_str(),
-            dir.as_fd(),
-            c.as_c_str(),
-            AtFlags::empty(),
-        )?;
-        self.enter_local(&parent, new_name, &c, dir.as_fd())
+        // By the object itself: its names may have changed since the kernel looked it up.
+        let (c, dir, ()) = self.place_new(parent, new_name, node.kind, false, |dir, at| {
+            nix::unistd::linkat(object.as_fd(), c"", dir, at, AtFlags::AT_EMPTY_PATH)
+        })?;
+        self.enter_local(parent, new_name, &c, dir.as_fd())
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<(), Errno> {
@@ -381,21 +391,26 @@ impl View {
         let dst_before = dst_root.as_ref().map(|_| dir_blocks(dst_dir.as_fd()));
         let src_below = self.exists_below(&parent, name, &c)?;
         let dst_below = self.exists_below(&new_parent, new_name, &new_c)?;
-        if !exchange {
-            // A whiteout (or a remote-only target) leaves nothing in local to replace, or
-            // a whiteout a directory cannot replace.
-            if let Ok(st) = store::stat_at(dst_dir.as_fd(), &new_c) {
-                if marker::hides(new_parent.zone, &st) {
-                    nix::unistd::unlinkat(
-                        dst_dir.as_fd(),
-                        new_c.as_c_str(),
-                        UnlinkatFlags::NoRemoveDir,
-                    )?;
-                    self.charge_inodes(&new_parent, -1);
-                }
+        // Opaque before the move: a directory arriving over a hidden remote directory must
+        // never merge with it, not even until a crash is recovered from.
+        if src.node.is_dir() && dst_below {
+            if let Some(fd) = src.node.dir_fds().local {
+                marker::set_opaque(fd.as_fd())?;
             }
         }
-        let replaced = if exchange {
+        if let Some(dst) = dst
+            .as_ref()
+            .filter(|d| exchange && d.node.is_dir() && src_below)
+        {
+            if let Some(fd) = dst.node.dir_fds().local {
+                marker::set_opaque(fd.as_fd())?;
+            }
+        }
+        // A whiteout at the target hides a deleted remote entry: the target name is free in
+        // the view, and the whiteout goes only as the moved object takes its place.
+        let dst_whiteout =
+            !exchange && names::is_whiteout(new_parent.zone, dst_dir.as_fd(), &new_c);
+        let replaced = if exchange || dst_whiteout {
             None
         } else {
             store::stat_at(dst_dir.as_fd(), &new_c).ok()
@@ -404,32 +419,51 @@ impl View {
             & (RenameFlags::RENAME_EXCHANGE
                 | RenameFlags::RENAME_NOREPLACE
                 | RenameFlags::RENAME_WHITEOUT);
-        if src_below && !exchange {
-            how |= RenameFlags::RENAME_WHITEOUT;
+        if dst_whiteout {
+            how.remove(RenameFlags::RENAME_NOREPLACE);
         }
-        match nix::fcntl::renameat2(
-            src_dir.as_fd(),
-            c.as_c_str(),
-            dst_dir.as_fd(),
-            new_c.as_c_str(),
-            how,
-        ) {
-            Err(Errno::EINVAL) if how.contains(RenameFlags::RENAME_WHITEOUT) => {
-                how.remove(RenameFlags::RENAME_WHITEOUT);
-                nix::fcntl::renameat2(
-                    src_dir.as_fd(),
-                    c.as_c_str(),
-                    dst_dir.as_fd(),
-                    new_c.as_c_str(),
-                    how,
-                )?;
-                marker::make_whiteout(src_dir.as_fd(), &c)?;
-                self.charge_inodes(&parent, 1);
+        let (from, to) = (
+            (src_dir.as_fd(), c.as_c_str()),
+            (dst_dir.as_fd(), new_c.as_c_str()),
+        );
+        let mut whiteouts_left = 0;
+        if dst_whiteout && src.node.is_dir() {
+            // A directory cannot replace a whiteout: the two trade places, and the whiteout
+            // stays on the old name if something is below it.
+            match nix::fcntl::renameat2(from.0, from.1, to.0, to.1, RenameFlags::RENAME_EXCHANGE) {
+                Ok(()) if src_below => whiteouts_left = 1,
+                Ok(()) => nix::unistd::unlinkat(from.0, from.1, UnlinkatFlags::NoRemoveDir)?,
+                // No exchange on this filesystem: the remote entry shows between the steps.
+                Err(Errno::EINVAL) => {
+                    nix::unistd::unlinkat(to.0, to.1, UnlinkatFlags::NoRemoveDir)?;
+                    if src_below {
+                        names::move_leaving_whiteout(from.0, from.1, to.0, to.1, how, true)?;
+                        whiteouts_left = 1;
+                    } else {
+                        nix::fcntl::renameat2(from.0, from.1, to.0, to.1, how)?;
+                    }
+                }
+                Err(e) => return Err(e),
             }
-            other => other?,
+        } else {
+            if src_below && !exchange {
+                how |= RenameFlags::RENAME_WHITEOUT;
+            }
+            match nix::fcntl::renameat2(from.0, from.1, to.0, to.1, how) {
+                Err(Errno::EINVAL) if how.contains(RenameFlags::RENAME_WHITEOUT) => {
+                    how.remove(RenameFlags::RENAME_WHITEOUT);
+                    let is_dir = src.node.is_dir();
+                    names::move_leaving_whiteout(from.0, from.1, to.0, to.1, how, is_dir)?;
+                }
+                other => other?,
+            }
+            if src_below && !exchange || flags.contains(RenameFlags::RENAME_WHITEOUT) {
+                whiteouts_left = 1;
+            }
         }
-        if how.contains(RenameFlags::RENAME_WHITEOUT) {
-            self.charge_inodes(&parent, 1);
+        self.charge_inodes(&parent, whiteouts_left);
+        if dst_whiteout {
+            self.charge_inodes(&new_parent, -1);
         }
         if let Some(moving) = moving {
             moving.commit();
@@ -437,28 +471,15 @@ impl View {
         if let (Some(root), Some(before)) = (&dst_root, dst_before) {
             charge_new(root, dst_dir.as_fd(), before, 0, 0);
         }
-        // A directory arriving over a hidden remote directory must not merge with it.
-        if src.node.is_dir() && dst_below {
-            if let Some(fd) = src.node.dir_fds().local {
-                marker::set_opaque(fd.as_fd())?;
-            }
-        }
         if exchange {
             if let Some(dst) = &dst {
-                if dst.node.is_dir() && src_below {
-                    if let Some(fd) = dst.node.dir_fds().local {
-                        marker::set_opaque(fd.as_fd())?;
-                    }
-                }
                 let mut st = dst.node.state();
                 st.remove_alias(new_parent.ino, new_name);
                 st.add_alias(&parent, name);
             }
         } else if let (Some(dst), Some(st)) = (&dst, replaced) {
             dst.node.state().remove_alias(new_parent.ino, new_name);
-            if st.st_nlink <= 1 || Kind::from_mode(st.st_mode) == Kind::Dir {
-                self.inodes.unbind(&local_identity(&st));
-            }
+            self.name_gone(&st);
             self.credit_removed(dst_root.clone(), &dst.node, &st);
         }
         {
@@ -487,37 +508,31 @@ impl View {
         Ok(())
     }
 
-    /// Removes a name: its local entry if any, then a whiteout if something shows below.
+    /// Removes a name: its local entry, replaced by a whiteout in the same step if
+    /// something shows below, or just a whiteout over what is below.
     fn remove(&self, parent: &Arc<Node>, name: &OsStr, c: &CStr, node: &Node) -> Result<(), Errno> {
         let below = self.exists_below(parent, name, c)?;
         let root = self.quota_of(parent);
         let fds = parent.dir_fds();
         if let Some(local) = fds.local() {
             if let Ok(st) = store::stat_at(local, c) {
-                if !marker::hides(parent.zone, &st) {
-                    let how = if node.is_dir() {
-                        UnlinkatFlags::RemoveDir
-                    } else {
-                        UnlinkatFlags::NoRemoveDir
-                    };
+                if !marker::hides(parent.zone, local, c, &st) {
                     if below {
-                        // Replace in one step where possible, so the remote entry never
-                        // shows through in between, even after a crash.
-                        if self.whiteout_over(local, c).is_ok() {
-                            self.forget_name(parent, name, node, &st);
-                            self.credit_removed(root.clone(), node, &st);
-                            self.charge_inodes(parent, 1);
-                            return Ok(());
-                        }
+                        names::whiteout_over(local, c, node.is_dir())?;
+                        self.charge_inodes(parent, 1);
+                    } else {
+                        names::remove_any(local, c, node.is_dir())?;
                     }
-                    nix::unistd::unlinkat(local, c, how)?;
-                    self.forget_name(parent, name, node, &st);
+                    node.state().remove_alias(parent.ino, name);
+                    self.name_gone(&st);
                     self.credit_removed(root, node, &st);
+                    return Ok(());
                 }
             }
         }
         if below {
-            let dir = self.ensure_local_dir(parent)?;
+            // Deleting works in a full root: the parent's copy-up takes no reservation.
+            let dir = self.local_dir_of(parent, Room::Never)?;
             marker::make_whiteout(dir.as_fd(), c)?;
             self.charge_inodes(parent, 1);
             node.state().remove_alias(parent.ino, name);
@@ -525,34 +540,16 @@ impl View {
         Ok(())
     }
 
-    /// Atomically replaces `name` in `dir` with a whiteout: a whiteout is made under a
-    /// temporary name and renamed over it.
-    fn whiteout_over(&self, dir: BorrowedFd<'_>, c: &CStr) -> Result<(), Errno> {
-        let st = store::stat_at(dir, c)?;
-        if Kind::from_mode(st.st_mode) == Kind::Dir {
-            // rename(2) cannot put a non-directory over a directory.
-            return Err(Errno::EISDIR);
-        }
-        let temp = std::ffi::CString::new([marker::TEMP_PREFIX, b"wh.", c.to_bytes()].concat())
-            .map_err(|_| Errno::EINVAL)?;
-        marker::make_whiteout(dir, &temp)?;
-        nix::fcntl::renameat2(dir, temp.as_c_str(), dir, c, RenameFlags::empty()).inspect_err(
-            |_| {
-                let _ = nix::unistd::unlinkat(dir, temp.as_c_str(), UnlinkatFlags::NoRemoveDir);
-            },
-        )
-    }
-
-    fn forget_name(&self, parent: &Node, name: &OsStr, node: &Node, st: &Stat) {
-        node.state().remove_alias(parent.ino, name);
+    /// A local name of the object `st` is gone: its last one frees its inode number.
+    fn name_gone(&self, st: &Stat) {
         if st.st_nlink <= 1 || Kind::from_mode(st.st_mode) == Kind::Dir {
-            self.inodes.unbind(&local_identity(st));
+            self.inodes.forget_origin(st.st_dev, st.st_ino);
         }
     }
 
     /// The node currently behind `name`, counted for this operation only.
     fn hold(&self, parent: &Arc<Node>, name: &OsStr, c: &CStr) -> Result<Held<'_>, Errno> {
-        let found = self.resolve(parent, name, c)?;
+        let found = self.resolve(parent, name, c, Probe::Stat)?;
         let entry = self.materialize(parent, name, c, found)?;
         Ok(Held {
             view: self,
@@ -560,31 +557,55 @@ impl View {
         })
     }
 
-    /// Checks a new name and makes room for it in local: the parent directory exists in
-    /// local and no whiteout stands in the way.
-    fn prepare_new(
+    /// Makes the new entry `name` in the directory `parent` with `make`, which creates the
+    /// object under the name it is given, in the local directory it is given, and removes
+    /// it again if it fails half-way. Where a whiteout holds the name (or `via_temp` asks
+    /// for it), the object is made under a temporary name and then takes its place in one
+    /// rename (see [`names`]). Returns the name, the local directory and what `make` made.
+    fn place_new<T>(
         &self,
-        parent: u64,
+        parent: &Arc<Node>,
         name: &OsStr,
-    ) -> Result<(Arc<Node>, std::ffi::CString, Arc<OwnedFd>), Errno> {
-        let parent = self.dir(parent)?;
-        if marker::is_reserved_name(std::os::unix::ffi::OsStrExt::as_bytes(name)) {
+        kind: Kind,
+        via_temp: bool,
+        make: impl FnOnce(BorrowedFd<'_>, &CStr) -> Result<T, Errno>,
+    ) -> Result<(CString, Arc<OwnedFd>, T), Errno> {
+        if marker::is_reserved_name(name.as_bytes()) {
             return Err(Errno::EPERM);
         }
         let c = view_name(name)?;
-        match self.resolve(&parent, name, &c) {
+        match self.resolve(parent, name, &c, Probe::Stat) {
             Ok(_) => return Err(Errno::EEXIST),
             Err(Errno::ENOENT) => {}
             Err(e) => return Err(e),
         }
-        let dir = self.ensure_local_dir(&parent)?;
-        if let Ok(st) = store::stat_at(dir.as_fd(), &c) {
-            if marker::hides(parent.zone, &st) {
-                nix::unistd::unlinkat(dir.as_fd(), c.as_c_str(), UnlinkatFlags::NoRemoveDir)?;
-                self.charge_inodes(&parent, -1);
-            }
+        let dir = self.ensure_local_dir(parent)?;
+        let whiteout = names::is_whiteout(parent.zone, dir.as_fd(), &c);
+        if !whiteout && !via_temp {
+            let made = make(dir.as_fd(), &c)?;
+            return Ok((c, dir, made));
         }
-        Ok((parent, c, dir))
+        let temp = temp_name();
+        let made = make(dir.as_fd(), &temp)?;
+        let placed = if whiteout {
+            names::replace_whiteout(dir.as_fd(), &temp, &c, kind == Kind::Dir)
+        } else {
+            nix::fcntl::renameat2(
+                dir.as_fd(),
+                temp.as_c_str(),
+                dir.as_fd(),
+                c.as_c_str(),
+                RenameFlags::RENAME_NOREPLACE,
+            )
+        };
+        if let Err(e) = placed {
+            let _ = names::remove_any(dir.as_fd(), &temp, kind == Kind::Dir);
+            return Err(e);
+        }
+        if whiteout {
+            self.charge_inodes(parent, -1);
+        }
+        Ok((c, dir, made))
     }
 
     /// Hands the kernel the node of an entry just made in local.
@@ -595,8 +616,9 @@ impl View {
         c: &CStr,
         dir: BorrowedFd<'_>,
     ) -> Result<Entry, Errno> {
-        let st = store::stat_at(dir, c)?;
-        self.materialize(parent, name, c, Found::Local { st })
+        let fd = store::open_path_at(dir, c)?;
+        let st = store::stat_fd(fd.as_fd())?;
+        self.materialize(parent, name, c, Found::Local { fd: Some(fd), st })
     }
 
     /// The group a new entry gets: the directory's when it is set-group-ID (as the kernel

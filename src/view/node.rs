@@ -1,11 +1,19 @@
 //! One object of the view, as the kernel knows it by its inode number.
+//!
+//! A node holds its object open: directories by their local and remote `O_PATH` handles,
+//! everything else by one `O_PATH` handle of the object in its layer. Every operation on the
+//! object goes through that handle, never through a name that could meanwhile name another
+//! object; and an open object's inode number cannot be recycled by its filesystem, which is
+//! what makes identities safe (see [`super::inodes`]).
 
+use std::cell::{Cell, RefCell};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::inodes::Identity;
 use super::zone::Zone;
 use crate::quota::table::QuotaRoot;
 use crate::store::Kind;
@@ -39,6 +47,8 @@ pub struct NodeState {
     /// first is the one used to reach the object on disk.
     pub aliases: Vec<(Arc<Node>, OsString)>,
     pub layer: Layer,
+    /// Non-directories: `O_PATH` handle of the object in its layer (none if synthesized).
+    pub object: Option<Arc<OwnedFd>>,
     /// Directories: `O_PATH` handle of the local directory, once there is one.
     pub local: Option<Arc<OwnedFd>>,
     /// Directories: `O_PATH` handle of the remote directory whose entries show through
@@ -46,8 +56,8 @@ pub struct NodeState {
     pub remote: Option<Arc<OwnedFd>>,
     /// Virtual symlinks: the target.
     pub link: Option<Arc<[u8]>>,
-    /// How many times the kernel was handed this node and has not forgotten it yet.
-    pub lookups: u64,
+    /// The identities the inode table knows this node by (see [`super::inodes`]).
+    pub identities: Vec<Identity>,
     /// Known to carry no `security.capability` attribute (see `attrs`).
     pub no_capability: bool,
     /// The quota root this node is under, and the quota generation that answer holds for
@@ -99,6 +109,26 @@ impl Node {
         self.state.lock().layer
     }
 
+    /// The `O_PATH` handle of the object itself, wherever it lives (none if synthesized).
+    pub fn object(&self) -> Option<Arc<OwnedFd>> {
+        self.placed().1
+    }
+
+    /// Where the object lives and its handle, read together (a copy-up changes both).
+    pub fn placed(&self) -> (Layer, Option<Arc<OwnedFd>>) {
+        let st = self.state.lock();
+        let object = if self.kind != Kind::Dir {
+            st.object.clone()
+        } else {
+            match st.layer {
+                Layer::Local => st.local.clone(),
+                Layer::Remote => st.remote.clone(),
+                Layer::Virtual => None,
+            }
+        };
+        (st.layer, object)
+    }
+
     pub fn dir_fds(&self) -> DirFds {
         let st = self.state.lock();
         DirFds {
@@ -113,10 +143,11 @@ impl NodeState {
         NodeState {
             aliases: Vec::new(),
             layer,
+            object: None,
             local: None,
             remote: None,
             link: None,
-            lookups: 0,
+            identities: Vec::new(),
             no_capability: false,
             quota: None,
             blocks: None,
@@ -139,6 +170,32 @@ impl NodeState {
     pub fn remove_alias(&mut self, parent: u64, name: &OsStr) {
         self.aliases
             .retain(|(p, n)| !(p.ino == parent && n == name));
+    }
+}
+
+thread_local! {
+    /// Parents whose last reference went with a dropped node, waiting to be dropped in turn.
+    static ORPHANED: RefCell<Vec<Arc<Node>>> = const { RefCell::new(Vec::new()) };
+    static DRAINING: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Drop for Node {
+    /// A node holds its parents: dropping the last node of a deep chain would drop the whole
+    /// chain recursively, as deep as the tree. The parents are dropped one after the other
+    /// instead.
+    fn drop(&mut self) {
+        let aliases = std::mem::take(&mut self.state.get_mut().aliases);
+        if aliases.is_empty() {
+            return;
+        }
+        ORPHANED.with(|o| o.borrow_mut().extend(aliases.into_iter().map(|(p, _)| p)));
+        if DRAINING.with(|d| d.replace(true)) {
+            return;
+        }
+        while let Some(parent) = ORPHANED.with(|o| o.borrow_mut().pop()) {
+            drop(parent);
+        }
+        DRAINING.with(|d| d.set(false));
     }
 }
 

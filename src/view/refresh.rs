@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::inodes::{Identity, ROOT_INO};
+use super::inodes::ROOT_INO;
 use super::{marker, open_root, Node, View, Zone};
 use crate::store::{self, cname};
 
@@ -100,10 +100,7 @@ impl View {
     /// lookup makes a new node: a symlink whose target changed must not keep the number
     /// (and so the target) the kernel cached for the old one.
     pub fn unbind_virtual(&self, parent: u64, name: &OsStr) {
-        self.inodes.unbind(&Identity::Virtual {
-            parent,
-            name: name.to_owned(),
-        });
+        self.inodes.unbind_virtual(parent, &name.to_owned());
     }
 
     /// Re-opens the remote directory of every live layout directory whose remote changed
@@ -114,7 +111,11 @@ impl View {
     pub fn reanchor_remote(&self, remote_root: &Path) -> usize {
         let mut changed = 0;
         if let (Some(root), Ok(fd)) = (self.inodes.get(ROOT_INO), open_root(remote_root)) {
+            let dev = store::stat_fd(fd.as_fd()).map(|st| st.st_dev);
             if replace_remote(&root, Some(fd)) {
+                if let Ok(dev) = dev {
+                    self.inodes.set_remote_dev(dev);
+                }
                 tracing::warn!(remote = %remote_root.display(), "remote root replaced: re-opened");
                 changed += 1;
             }

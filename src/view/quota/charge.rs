@@ -12,6 +12,7 @@ use super::block_size;
 use crate::quota::scan::{self, allocated};
 use crate::quota::table::{QuotaRoot, Reservation};
 use crate::store;
+use crate::view::copyup::Room;
 use crate::view::node::Node;
 use crate::view::{Stat, View};
 
@@ -45,7 +46,7 @@ impl Move {
 impl View {
     /// Runs `op`, which makes one new object in the directory `parent`, inside the quota
     /// of `parent`: `estimate` bytes must fit, and what the directory and the new object
-    /// (`made`) allocate is charged, plus one inode.
+    /// (`made`) allocate is charged, plus `inodes` inodes.
     pub(in crate::view) fn allocating<T>(
         &self,
         parent: &Arc<Node>,
@@ -54,12 +55,42 @@ impl View {
         op: impl FnOnce() -> Result<T, Errno>,
         made: impl FnOnce(&T) -> u64,
     ) -> Result<T, Errno> {
+        self.charged(parent, Some(estimate), inodes, op, made)
+    }
+
+    /// Like [`View::allocating`], for calls that must work in a full root (the whiteouts
+    /// and links of a deletion, which take an inode and no data blocks): nothing is
+    /// reserved, what they allocate is still charged.
+    pub(in crate::view) fn recording<T>(
+        &self,
+        parent: &Arc<Node>,
+        inodes: u64,
+        op: impl FnOnce() -> Result<T, Errno>,
+        made: impl FnOnce(&T) -> u64,
+    ) -> Result<T, Errno> {
+        self.charged(parent, None, inodes, op, made)
+    }
+
+    fn charged<T>(
+        &self,
+        parent: &Arc<Node>,
+        estimate: Option<u64>,
+        inodes: u64,
+        op: impl FnOnce() -> Result<T, Errno>,
+        made: impl FnOnce(&T) -> u64,
+    ) -> Result<T, Errno> {
         let Some(root) = self.quota_of(parent) else {
             return op();
         };
-        let reservation = root.reserve_with_inodes(estimate, inodes)?;
+        let reservation = estimate
+            .map(|bytes| root.reserve_with_inodes(bytes, inodes))
+            .transpose()?;
         // Any copy-up of the directory is charged by itself, before "before".
-        let dir = self.ensure_local_dir(parent)?;
+        let room = match estimate {
+            Some(_) => Room::Reserve,
+            None => Room::Never,
+        };
+        let dir = self.local_dir_of(parent, room)?;
         let before = dir_blocks(dir.as_fd());
         let out = op()?;
         charge_new(&root, dir.as_fd(), before, made(&out), inodes);

@@ -164,15 +164,11 @@ fn estimate(fd: BorrowedFd<'_>, st: &Stat, offset: u64, len: u64) -> u64 {
     end.saturating_sub(round_up(size))
 }
 
-/// What a copy of the remote file `name` of `dir` will allocate in local: its data
+/// What a copy of the remote file behind `source` will allocate in local: its data
 /// extents (the copy keeps holes), in whole local blocks. Not its `st_blocks`, which a
 /// compressing or network filesystem may report far below the data it holds.
-pub(in crate::view) fn copy_estimate(
-    dir: BorrowedFd<'_>,
-    name: &std::ffi::CStr,
-    block: u64,
-) -> u64 {
-    let Ok(fd) = store::open_at(dir, name, nix::fcntl::OFlag::O_RDONLY, 0) else {
+pub(in crate::view) fn copy_estimate(source: BorrowedFd<'_>, block: u64) -> u64 {
+    let Ok(fd) = store::reopen(source, nix::fcntl::OFlag::O_RDONLY) else {
         return 0;
     };
     let Ok(st) = store::stat_fd(fd.as_fd()) else {
