@@ -85,11 +85,18 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         attr: config.attr_timeout,
     };
     let fs = LayerFs::new(view.clone(), timeouts, config.passthrough);
+    let notices = fs.notices();
 
     let (session, mut unmounter) = open_session(fs, config).map_err(|source| Error::Mount {
         path: config.mountpoint.clone(),
         source,
     })?;
+    notices
+        .start(session.notifier())
+        .map_err(|source| Error::Mount {
+            path: config.mountpoint.clone(),
+            source,
+        })?;
     let handle: Arc<RefreshHandle> = refresher.handle();
     refresher
         .start(Box::new(session.notifier()))
@@ -354,10 +361,22 @@ fn fuse_config(config: &MountConfig) -> Config {
     fuse
 }
 
-/// Directories stay open as `O_PATH` handles while the kernel knows them: allow many.
+/// Every object the kernel knows stays open as an `O_PATH` handle (two for a merged
+/// directory): allow as many as the system does. Root may go up to `fs.nr_open`.
 fn raise_fd_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+    let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let most = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(hard)
+        .max(hard);
+    if setrlimit(Resource::RLIMIT_NOFILE, most, most).is_err() {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    if let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        tracing::debug!(open_files = soft, "open file limit");
     }
 }

@@ -162,8 +162,13 @@ pub enum QuotaAnswer {
 }
 
 /// Answers one request line (without its newline) with one answer line (with it).
-pub fn answer(handle: &dyn MountControl, line: &[u8]) -> Vec<u8> {
+/// Answers one request line; `admin`: the client has `CAP_SYS_ADMIN`, which changing a
+/// quota takes.
+pub fn answer(handle: &dyn MountControl, line: &[u8], admin: bool) -> Vec<u8> {
     let reply = match serde_json::from_slice::<Request>(line) {
+        Ok(request) if !admin && matches!(request.op, Op::QuotaSet | Op::QuotaClear) => {
+            error("permission denied: changing a quota needs CAP_SYS_ADMIN")
+        }
         Ok(request) => {
             let op = request.op;
             // A bug in the engine must cost this answer, not the connection thread.
@@ -343,7 +348,7 @@ mod tests {
     }
 
     fn ask(line: &str) -> Value {
-        let out = answer(&Fake, line.as_bytes());
+        let out = answer(&Fake, line.as_bytes(), true);
         assert_eq!(out.last(), Some(&b'\n'));
         assert_eq!(out.iter().filter(|b| **b == b'\n').count(), 1);
         serde_json::from_slice(&out).unwrap()
@@ -383,6 +388,24 @@ mod tests {
                 "{v}"
             );
         }
+    }
+
+    #[test]
+    fn changing_a_quota_takes_an_admin() {
+        for line in [
+            r#"{"op":"quota_set","path":"a","size":"1M"}"#,
+            r#"{"op":"quota_clear","path":"a"}"#,
+        ] {
+            let v: Value = serde_json::from_slice(&answer(&Fake, line.as_bytes(), false)).unwrap();
+            assert_eq!(v["ok"], false, "{line}");
+            assert!(
+                v["error"].as_str().unwrap().contains("CAP_SYS_ADMIN"),
+                "{v}"
+            );
+        }
+        let v: Value =
+            serde_json::from_slice(&answer(&Fake, br#"{"op":"status"}"#, false)).unwrap();
+        assert_eq!(v["ok"], true, "{v}");
     }
 
     #[test]

@@ -251,9 +251,13 @@ fn serve_connection(
         )));
         return;
     }
-    match peer_uid(&stream) {
-        Ok(uid) if uid == 0 || uid == own_uid => {}
-        Ok(uid) => {
+    let admin = match peer(&stream) {
+        // Quotas are changed only by a client with CAP_SYS_ADMIN, as on XFS: uid 0
+        // alone (a container's root) is not enough.
+        Ok(cred) if cred.uid == 0 || cred.uid == own_uid => {
+            crate::store::creds::is_admin(cred.pid as u32)
+        }
+        Ok(libc::ucred { uid, .. }) => {
             debug!(uid, "control socket: refused a client");
             let _ = writer.write_all(&protocol::encode(&protocol::error(
                 "permission denied: only root may use the control socket",
@@ -261,7 +265,7 @@ fn serve_connection(
             return;
         }
         Err(_) => return,
-    }
+    };
     let mut reader = BufReader::new(&stream);
     loop {
         let mut line = Vec::new();
@@ -286,7 +290,7 @@ fn serve_connection(
             continue;
         }
         if writer
-            .write_all(&protocol::answer(&*handle, &line))
+            .write_all(&protocol::answer(&*handle, &line, admin))
             .is_err()
             || !complete
         {
@@ -296,8 +300,8 @@ fn serve_connection(
     }
 }
 
-/// The uid of the process at the other end.
-fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
+/// The process at the other end.
+fn peer(stream: &UnixStream) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -318,5 +322,5 @@ fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(cred.uid)
+    Ok(cred)
 }

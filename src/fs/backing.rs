@@ -6,9 +6,9 @@
 //! `EIO`. So the first open of an inode decides: passthrough if the kernel offers it and
 //! accepts the file, cached otherwise; later opens of the same file share that mode and
 //! backing id. An open that needs another backing file (the inode was opened read-only on
-//! the remote copy, then copied up) names the inode's backing file but adds direct I/O,
-//! which makes the kernel send its reads and writes to the daemon (only `mmap` would use the
-//! backing file); it keeps the backing file in use like any other open.
+//! the remote copy, then copied up) cannot be served by that inode at all: any open of it
+//! would map the remote copy. The node is let go and the open answered `ESTALE`, on which
+//! the kernel looks the name up again and opens the copy under a new node (see `fs::open`).
 //!
 //! Writes the daemon must see (files under a quota root, whose allocations it counts) are
 //! intercepted: such an open is never a passthrough open, and it gets direct I/O, naming
@@ -65,6 +65,13 @@ pub struct BackingTable {
 }
 
 impl BackingTable {
+    /// What an open of `ino`, served from `layer`, gets; `None` when the inode's backing
+    /// file is of another layer (a read-only open of the remote copy from before a
+    /// copy-up): any open would map that file, and must go to a new inode instead.
+    ///
+    /// The table is locked only to look and to record: the backing file is registered with
+    /// the kernel (an ioctl) between the two, and a registration that lost a race to
+    /// another open of the same inode is dropped once the table is unlocked.
     pub fn acquire(
         &self,
         ino: u64,
@@ -72,30 +79,28 @@ impl BackingTable {
         passthrough: bool,
         intercept: bool,
         open_backing: impl FnOnce() -> std::io::Result<BackingId>,
-    ) -> Grant {
-        let mut slots = self.slots.lock();
-        match slots.get_mut(&ino) {
-            Some(Slot::Passthrough {
-                id,
-                layer: l,
-                opens,
-            }) if *l == layer && !intercept => {
-                *opens += 1;
-                Grant::Passthrough(id.clone())
+    ) -> Option<Grant> {
+        let mut open_backing = Some(open_backing);
+        let mut registered = None;
+        loop {
+            let mut slots = self.slots.lock();
+            if let Some(slot) = slots.get_mut(&ino) {
+                return share(slot, layer, intercept);
             }
-            Some(Slot::Passthrough { id, opens, .. }) => {
-                *opens += 1;
-                Grant::Direct(id.clone())
-            }
-            Some(Slot::Cached { opens }) => {
-                *opens += 1;
-                if intercept {
+            if !passthrough || intercept {
+                slots.insert(ino, Slot::Cached { opens: 1 });
+                return Some(if intercept {
                     Grant::Uncached
                 } else {
                     Grant::Cached
-                }
+                });
             }
-            None if passthrough && !intercept => match open_backing() {
+            let Some(result) = registered.take() else {
+                drop(slots);
+                registered = open_backing.take().map(|open| open());
+                continue;
+            };
+            return Some(match result {
                 Ok(id) => {
                     let id = Arc::new(id);
                     slots.insert(
@@ -113,29 +118,50 @@ impl BackingTable {
                     slots.insert(ino, Slot::Cached { opens: 1 });
                     Grant::Cached
                 }
-            },
-            None => {
-                slots.insert(ino, Slot::Cached { opens: 1 });
-                if intercept {
-                    Grant::Uncached
-                } else {
-                    Grant::Cached
-                }
-            }
+            });
         }
     }
 
     pub fn release(&self, ino: u64) {
-        let mut slots = self.slots.lock();
-        let done = match slots.get_mut(&ino) {
-            Some(Slot::Passthrough { opens, .. }) | Some(Slot::Cached { opens }) => {
-                *opens = opens.saturating_sub(1);
-                *opens == 0
+        let gone = {
+            let mut slots = self.slots.lock();
+            let done = match slots.get_mut(&ino) {
+                Some(Slot::Passthrough { opens, .. }) | Some(Slot::Cached { opens }) => {
+                    *opens = opens.saturating_sub(1);
+                    *opens == 0
+                }
+                None => false,
+            };
+            if done {
+                slots.remove(&ino)
+            } else {
+                None
             }
-            None => false,
         };
-        if done {
-            slots.remove(&ino);
+        // Outside the lock: dropping the last reference to a backing id is an ioctl.
+        drop(gone);
+    }
+}
+
+/// One more open of an inode whose mode is decided.
+fn share(slot: &mut Slot, layer: Layer, intercept: bool) -> Option<Grant> {
+    match slot {
+        Slot::Passthrough { layer: l, .. } if *l != layer => None,
+        Slot::Passthrough { id, opens, .. } => {
+            *opens += 1;
+            Some(if intercept {
+                Grant::Direct(id.clone())
+            } else {
+                Grant::Passthrough(id.clone())
+            })
+        }
+        Slot::Cached { opens } => {
+            *opens += 1;
+            Some(if intercept {
+                Grant::Uncached
+            } else {
+                Grant::Cached
+            })
         }
     }
 }
@@ -153,11 +179,11 @@ mod tests {
         let t = BackingTable::default();
         assert!(matches!(
             t.acquire(5, Layer::Local, false, false, refused),
-            Grant::Cached
+            Some(Grant::Cached)
         ));
         assert!(matches!(
             t.acquire(5, Layer::Local, true, false, || panic!("mode is decided")),
-            Grant::Cached
+            Some(Grant::Cached)
         ));
         t.release(5);
         t.release(5);
@@ -169,7 +195,7 @@ mod tests {
         let t = BackingTable::default();
         assert!(matches!(
             t.acquire(9, Layer::Remote, true, false, refused),
-            Grant::Cached
+            Some(Grant::Cached)
         ));
     }
 
@@ -178,11 +204,11 @@ mod tests {
         let t = BackingTable::default();
         assert!(matches!(
             t.acquire(3, Layer::Local, true, true, || panic!("no backing file")),
-            Grant::Uncached
+            Some(Grant::Uncached)
         ));
         assert!(matches!(
             t.acquire(3, Layer::Local, true, false, || panic!("mode is decided")),
-            Grant::Cached
+            Some(Grant::Cached)
         ));
     }
 

@@ -30,6 +30,8 @@ pub struct FileHandle {
     pub node: Arc<Node>,
     /// Does its I/O straight on local through FUSE passthrough.
     pub bypasses: bool,
+    /// A passthrough open that may write, through a shared mapping too.
+    pub maps_writes: bool,
     pub fd: OwnedFd,
     pub layer: Layer,
     pub mode: IoMode,

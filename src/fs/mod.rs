@@ -10,9 +10,10 @@ pub mod attr;
 pub mod backing;
 pub mod handles;
 pub mod kernel_mount;
+pub mod notify;
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,10 +30,11 @@ use parking_lot::Mutex;
 use tracing::{debug, info};
 
 use crate::view::attrs::{SetAttr, Time};
-use crate::view::{Caller, Entry, View};
+use crate::view::{Caller, Entry, Layer, Node, View};
 use attr::{file_attr, file_type};
 use backing::{BackingTable, Grant};
 use handles::{DirHandle, FileHandle as OpenFile, Handle, HandleTable};
+use notify::Notices;
 
 /// How long the kernel may trust what it was told.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +60,7 @@ pub struct LayerFs {
     timeouts: Timeouts,
     want_passthrough: bool,
     passthrough: AtomicBool,
+    notices: Arc<Notices>,
 }
 
 impl LayerFs {
@@ -69,6 +72,7 @@ impl LayerFs {
             timeouts,
             want_passthrough: passthrough,
             passthrough: AtomicBool::new(false),
+            notices: Arc::new(Notices::default()),
         }
     }
 
@@ -76,13 +80,28 @@ impl LayerFs {
         &self.view
     }
 
+    /// Where handlers send their notices to the kernel; started once the session exists.
+    pub fn notices(&self) -> Arc<Notices> {
+        self.notices.clone()
+    }
+
     fn reply_entry(&self, reply: ReplyEntry, entry: &Entry) {
         reply.entry_with_ttls(
-            &self.timeouts.attr,
+            &self.attr_ttl(&entry.node),
             &self.timeouts.entry,
             &file_attr(&entry.stat),
             Generation(0),
         );
+    }
+
+    /// How long the kernel may keep a node's attributes: not at all while it may be written
+    /// through a shared mapping of its backing file, which the daemon never hears of.
+    fn attr_ttl(&self, node: &Node) -> Duration {
+        if node.state().mapped_writers > 0 {
+            Duration::ZERO
+        } else {
+            self.timeouts.attr
+        }
     }
 
     fn file(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
@@ -91,23 +110,55 @@ impl LayerFs {
 
     /// How an open is served. A file under a quota root never gets passthrough (even a
     /// read-only open could allocate through a shared writable mmap), and its writes go
-    /// through the daemon, uncached (see `backing`).
+    /// through the daemon, uncached (see `backing`). `None`: the kernel's inode has a
+    /// backing file of another layer (see `backing`).
     fn grant(
         &self,
-        node: &Arc<crate::view::Node>,
-        fd: &std::os::fd::OwnedFd,
-        layer: crate::view::Layer,
+        node: &Arc<Node>,
+        fd: &OwnedFd,
+        layer: Layer,
         writes: bool,
-        open: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<fuser::BackingId>,
-    ) -> Grant {
-        let counted = self.view.quota_of(node).is_some();
-        self.backing.acquire(
+        open: impl FnOnce(&OwnedFd) -> std::io::Result<fuser::BackingId>,
+    ) -> Option<Grant> {
+        let free = self.view.may_bypass(node);
+        let grant = self.backing.acquire(
             node.ino,
             layer,
-            self.passthrough.load(Ordering::Relaxed) && !counted,
-            writes && counted,
+            self.passthrough.load(Ordering::Relaxed) && free,
+            writes && !free,
             || open(fd),
-        )
+        );
+        if free && !matches!(grant, Some(Grant::Passthrough(_))) {
+            self.view.bypass_refused(node);
+        }
+        grant
+    }
+
+    /// Records an open that was granted `grant`; returns its handle number.
+    fn opened(
+        &self,
+        node: &Arc<Node>,
+        fd: OwnedFd,
+        layer: Layer,
+        writes: bool,
+        grant: &Grant,
+    ) -> u64 {
+        let bypasses = matches!(grant, Grant::Passthrough(_));
+        // A shared writable mapping of this open changes the file where the daemon cannot
+        // see it: from now on the kernel asks for the attributes every time.
+        let maps_writes = bypasses && writes;
+        self.view.opened(node, maps_writes);
+        if maps_writes {
+            self.notices.drop_attributes(node.ino);
+        }
+        self.handles.insert(Handle::File(OpenFile {
+            node: node.clone(),
+            bypasses,
+            maps_writes,
+            fd,
+            layer,
+            mode: grant.mode(),
+        }))
     }
 }
 
@@ -115,6 +166,17 @@ fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+        pid: req.pid(),
+        umask: None,
+    }
+}
+
+/// The caller of a request that creates an object with `umask` (the kernel leaves applying
+/// it to the daemon: `FUSE_DONT_MASK`).
+fn creator(req: &Request, umask: u32) -> Caller {
+    Caller {
+        umask: Some(umask),
+        ..caller(req)
     }
 }
 
@@ -163,6 +225,11 @@ impl Filesystem for LayerFs {
             InitFlags::FUSE_ATOMIC_O_TRUNC,
             // Direct-I/O opens (see backing.rs) can still be mmapped.
             InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+            // The kernel enforces POSIX ACLs (read through getxattr) and leaves the umask
+            // to the daemon, which creates as the caller so that local's filesystem
+            // applies a directory's default ACL instead of the umask, as it would.
+            InitFlags::FUSE_POSIX_ACL,
+            InitFlags::FUSE_DONT_MASK,
         ];
         for flag in wanted {
             if offered.contains(flag) {
@@ -221,14 +288,13 @@ impl Filesystem for LayerFs {
             .and_then(|h| h.as_file())
             .map(|f| f.fd.as_fd());
         // A node holds its object: attributes stay readable when its name is gone.
-        let st = self.view.getattr(&node, open);
-        let st = tri!(reply, st);
-        reply.attr(&self.timeouts.attr, &file_attr(&st));
+        let st = tri!(reply, self.view.getattr(&node, open));
+        reply.attr(&self.attr_ttl(&node), &file_attr(&st));
     }
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -236,7 +302,7 @@ impl Filesystem for LayerFs {
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
+        ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
@@ -253,6 +319,15 @@ impl Filesystem for LayerFs {
             atime: atime.map(time),
             mtime: mtime.map(time),
         };
+        let who = caller(req);
+        // A SETATTR that changes nothing is the kernel asking for the set-ID bits to go
+        // (a write, fallocate or copy by a caller without CAP_FSETID): its own fallback
+        // clears only what it can tell, and leaves a non-member's setgid file to us.
+        let kill = set.is_empty() && ctime.is_none();
+        // A truncate by an unprivileged caller clears them as a write does.
+        if kill || (size.is_some() && who.uid != 0) {
+            tri!(reply, self.view.drop_privileges(&node, who));
+        }
         let handle = fh.and_then(|fh| self.handles.file(fh.0));
         let open = handle
             .as_ref()
@@ -260,7 +335,7 @@ impl Filesystem for LayerFs {
             .filter(|f| f.layer == crate::view::Layer::Local)
             .map(|f| f.fd.as_fd());
         let st = tri!(reply, self.view.setattr(&node, &set, open));
-        reply.attr(&self.timeouts.attr, &file_attr(&st));
+        reply.attr(&self.attr_ttl(&node), &file_attr(&st));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -275,13 +350,14 @@ impl Filesystem for LayerFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
         let entry = tri!(
             reply,
-            self.view.mknod(parent.0, name, mode, rdev, caller(req))
+            self.view
+                .mknod(parent.0, name, mode, rdev, creator(req, umask))
         );
         self.reply_entry(reply, &entry);
     }
@@ -292,10 +368,13 @@ impl Filesystem for LayerFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        let entry = tri!(reply, self.view.mkdir(parent.0, name, mode, caller(req)));
+        let entry = tri!(
+            reply,
+            self.view.mkdir(parent.0, name, mode, creator(req, umask))
+        );
         self.reply_entry(reply, &entry);
     }
 
@@ -355,21 +434,26 @@ impl Filesystem for LayerFs {
         self.reply_entry(reply, &entry);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let node = tri!(reply, self.view.node(ino.0));
         let (fd, layer) = tri!(reply, self.view.open(&node, flags.0));
+        // `FUSE_ATOMIC_O_TRUNC`: the kernel leaves the set-ID bits of a truncating open to us.
+        if flags.0 & libc::O_TRUNC != 0 && req.uid() != 0 {
+            tri!(reply, self.view.drop_privileges(&node, caller(req)));
+        }
         let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let grant = self.grant(&node, &fd, layer, writes, |fd| reply.open_backing(fd));
+        let Some(grant) = grant else {
+            // The kernel's inode is bound to the remote copy it had before a copy-up, and
+            // would map it: the node goes, and the kernel, told the open is stale, looks
+            // the name up again and gets a new node for the copy.
+            for (parent, name) in self.view.detach(&node) {
+                self.notices.drop_name(parent, name);
+            }
+            return reply.error(fuser::Errno::from_i32(libc::ESTALE));
+        };
+        let fh = self.opened(&node, fd, layer, writes, &grant);
         let fopen = open_flags(&grant);
-        let bypasses = matches!(grant, Grant::Passthrough(_));
-        self.view.opened(&node, bypasses);
-        let fh = self.handles.insert(Handle::File(OpenFile {
-            node,
-            bypasses,
-            fd,
-            layer,
-            mode: grant.mode(),
-        }));
         match &grant {
             // The kernel wants every open of an inode with a backing file to name it.
             Grant::Passthrough(id) | Grant::Direct(id) => {
@@ -413,12 +497,12 @@ impl Filesystem for LayerFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -427,10 +511,16 @@ impl Filesystem for LayerFs {
         let Some(file) = handle.as_file() else {
             return reply.error(fuser::Errno::EBADF);
         };
+        let who = caller(req);
+        // Direct-I/O writes by a caller without CAP_FSETID come with this instead of a
+        // SETATTR.
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            tri!(reply, self.view.drop_privileges(&file.node, who));
+        }
         let done = tri!(
             reply,
             self.view
-                .write_at(&file.node, file.fd.as_fd(), offset, data)
+                .write_at(&file.node, file.fd.as_fd(), offset, data, who)
         );
         reply.written(done as u32);
     }
@@ -461,8 +551,17 @@ impl Filesystem for LayerFs {
         if let Some(handle) = self.handles.remove(fh.0) {
             if let Some(file) = handle.as_file() {
                 self.backing.release(file.node.ino);
-                self.view
-                    .released(&file.node, file.fd.as_fd(), file.bypasses);
+                let writers_left = self.view.released(
+                    &file.node,
+                    file.fd.as_fd(),
+                    file.bypasses,
+                    file.maps_writes,
+                );
+                // The last shared mapping that could write unseen is gone: what it did to
+                // the times and size is read again.
+                if writers_left == Some(0) {
+                    self.notices.drop_attributes(file.node.ino);
+                }
             }
         }
         reply.ok();
@@ -654,50 +753,38 @@ impl Filesystem for LayerFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let (entry, fd) = tri!(
             reply,
-            self.view.create(parent.0, name, mode, flags, caller(req))
+            self.view
+                .create(parent.0, name, mode, flags, creator(req, umask))
         );
         let layer = crate::view::Layer::Local;
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let grant = self.grant(&entry.node, &fd, layer, writes, |fd| reply.open_backing(fd));
+        let grant = self
+            .grant(&entry.node, &fd, layer, writes, |fd| reply.open_backing(fd))
+            // A new object has no other open to be bound to.
+            .unwrap_or(Grant::Uncached);
+        let fh = self.opened(&entry.node, fd, layer, writes, &grant);
         let fopen = open_flags(&grant);
-        let bypasses = matches!(grant, Grant::Passthrough(_));
-        self.view.opened(&entry.node, bypasses);
-        let fh = self.handles.insert(Handle::File(OpenFile {
-            node: entry.node.clone(),
-            bypasses,
-            fd,
-            layer,
-            mode: grant.mode(),
-        }));
         let attr = file_attr(&entry.stat);
+        let ttl = self.attr_ttl(&entry.node);
         match &grant {
-            Grant::Passthrough(id) | Grant::Direct(id) => reply.created_passthrough(
-                &self.timeouts.attr,
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                fopen,
-                id,
-            ),
-            Grant::Cached | Grant::Uncached => reply.created(
-                &self.timeouts.attr,
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                fopen,
-            ),
+            Grant::Passthrough(id) | Grant::Direct(id) => {
+                reply.created_passthrough(&ttl, &attr, Generation(0), FileHandle(fh), fopen, id)
+            }
+            Grant::Cached | Grant::Uncached => {
+                reply.created(&ttl, &attr, Generation(0), FileHandle(fh), fopen)
+            }
         }
     }
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -711,8 +798,14 @@ impl Filesystem for LayerFs {
         };
         tri!(
             reply,
-            self.view
-                .fallocate_at(&file.node, file.fd.as_fd(), mode, offset, length)
+            self.view.fallocate_at(
+                &file.node,
+                file.fd.as_fd(),
+                mode,
+                offset,
+                length,
+                caller(req)
+            )
         );
         reply.ok();
     }
@@ -753,7 +846,7 @@ impl Filesystem for LayerFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -775,11 +868,10 @@ impl Filesystem for LayerFs {
             reply,
             self.view.copy_range_at(
                 &dst.node,
-                src.fd.as_fd(),
-                offset_in,
-                dst.fd.as_fd(),
-                offset_out,
+                (src.fd.as_fd(), offset_in),
+                (dst.fd.as_fd(), offset_out),
                 len,
+                caller(req),
             )
         );
         reply.written(n as u32);

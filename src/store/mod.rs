@@ -8,6 +8,7 @@
 //! anywhere else.
 
 pub mod copy;
+pub mod creds;
 pub mod dirent;
 pub mod fiemap;
 pub mod mountinfo;

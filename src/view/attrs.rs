@@ -41,7 +41,56 @@ pub struct SetAttr {
     pub mtime: Option<Time>,
 }
 
+impl SetAttr {
+    /// Whether it changes nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.size.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+    }
+}
+
 impl View {
+    /// Clears the set-ID bits of a file `caller` changes, as the kernel clears them for a
+    /// caller without `CAP_FSETID`: set-user-ID always, set-group-ID where the group may
+    /// execute or the caller is not in the file's group. File capabilities go with them.
+    pub fn drop_privileges(&self, node: &Arc<Node>, caller: Caller) -> Result<(), Errno> {
+        if node.kind != Kind::File {
+            return Ok(());
+        }
+        let object = node.object().ok_or(Errno::ESTALE)?;
+        let st = store::stat_fd(object.as_fd())?;
+        let mode = st.st_mode & 0o7777;
+        let mut kept = mode & !libc::S_ISUID;
+        if kept & libc::S_ISGID != 0 && (kept & libc::S_IXGRP != 0 || !caller.in_group(st.st_gid)) {
+            kept &= !libc::S_ISGID;
+        }
+        if kept == mode {
+            return Ok(());
+        }
+        self.make_local(node, true)?;
+        let object = node.object().ok_or(Errno::ESTALE)?;
+        let path = store::proc_path(object.as_fd());
+        nix::sys::stat::fchmodat(
+            nix::fcntl::AT_FDCWD,
+            path.as_c_str(),
+            Mode::from_bits_truncate(kept),
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )?;
+        if !node.state().no_capability {
+            let name = std::ffi::CString::new(CAPABILITY).map_err(|_| Errno::EINVAL)?;
+            match xattr::remove(&path, &name) {
+                Ok(()) | Err(Errno::ENODATA | Errno::EOPNOTSUPP) => {}
+                Err(e) => return Err(e),
+            }
+            node.state().no_capability = true;
+        }
+        Ok(())
+    }
+
     /// Applies `set`; `open` is the caller's open file when it came with one (ftruncate).
     pub fn setattr(
         &self,

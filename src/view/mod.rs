@@ -12,7 +12,27 @@
 //! opaque. The remote tree is opened read-only and never written.
 //!
 //! The view works on numbered [`Node`]s (see [`inodes`]) and returns `Errno`s, so the FUSE
-//! glue in `fs/` only translates.
+//! glue in `fs/` only translates. A node holds its object open and every operation goes
+//! through that handle, never a name that might meanwhile name something else.
+//!
+//! ## Locks
+//! A lock is held for bookkeeping, never across a call that can wait on the remote; the
+//! two per-file locks below are the only ones held across calls on local, and only
+//! requests on that same file wait on them. When more than one is held, they are taken in
+//! this order, never the other way round:
+//! 1. a node's copy-up lock ([`Node::copy_lock`]): one object's copy-up, which only the
+//!    requests that need that object copied up wait for;
+//! 2. a file's settle lock ([`Node::settle_lock`]): one `fstat` of a local file to charge
+//!    its quota root, which only other charges of the same file wait for;
+//! 3. the quota change lock (`Quotas::lock_changes`): setting and clearing roots, and the
+//!    renames that move one; the registry in local is saved under it;
+//! 4. the inode table ([`inodes::InodeTable`]), then a node's state ([`Node::state`]),
+//!    then the table's own number maps: map operations only;
+//! 5. leaves: the layout index, the skeleton numbers, the quota table.
+//!
+//! Nodes are built (directories opened, attributes read, on the remote too) before the
+//! table is locked, and inserted if no other request inserted one for the same object
+//! meanwhile.
 
 pub mod attrs;
 pub mod copyup;
@@ -26,7 +46,7 @@ pub mod quota;
 pub mod refresh;
 pub mod zone;
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::{CStr, OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -39,7 +59,7 @@ use parking_lot::RwLock;
 
 use crate::layout::LayoutIndex;
 use crate::quota::table::Quotas;
-use crate::store::{self, cname, Kind};
+use crate::store::{self, cname, creds, Kind};
 use inodes::{Identity, InodeTable, NewNode, ROOT_INO};
 pub use node::{DirFds, Layer, Node, NodeState};
 pub use zone::{Layout, LinkStyle, Zone};
@@ -51,6 +71,31 @@ pub type Stat = libc::stat;
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// The calling thread, for what a request does not carry (capabilities, groups).
+    pub pid: u32,
+    /// The umask to create with (create, mkdir, mknod); `None` elsewhere.
+    pub umask: Option<u32>,
+}
+
+impl Caller {
+    /// How local's filesystem is to see the caller (see [`store::creds`]).
+    pub fn acting(&self) -> creds::As {
+        creds::As {
+            uid: self.uid,
+            gid: self.gid,
+            umask: self.umask,
+        }
+    }
+
+    /// Whether the caller may do what takes `CAP_SYS_ADMIN` (changing quotas).
+    pub fn is_admin(&self) -> bool {
+        creds::is_admin(self.pid)
+    }
+
+    /// Whether the caller is a member of `group`.
+    pub fn in_group(&self, group: u32) -> bool {
+        creds::in_group(self.pid, self.gid, group)
+    }
 }
 
 /// A node handed to the kernel, with its attributes.
@@ -420,6 +465,20 @@ impl View {
         }
         let object = node.object().ok_or(Errno::ESTALE)?;
         store::readlink_at(object.as_fd(), c"")
+    }
+
+    /// Lets go of a node the kernel cannot go on using for new opens (its inode is bound to
+    /// the passthrough backing file of the object it was before a copy-up): its identities
+    /// and names go, so that the next lookup of its object makes a new node, under another
+    /// number; the kernel keeps this one for what it has open. Returns the names it had,
+    /// for the kernel to drop.
+    pub fn detach(&self, node: &Arc<Node>) -> Vec<(u64, OsString)> {
+        if let Some(st) = node.object().and_then(|o| store::stat_fd(o.as_fd()).ok()) {
+            self.inodes.forget_origin(st.st_dev, st.st_ino);
+        }
+        self.inodes.detach(node);
+        let aliases = std::mem::take(&mut node.state().aliases);
+        aliases.into_iter().map(|(p, name)| (p.ino, name)).collect()
     }
 
     /// Writes everything of local's filesystem to disk (the mount is going away).

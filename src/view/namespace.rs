@@ -26,7 +26,7 @@ use super::quota::{charge_new, dir_blocks, NEEDS_ROOM};
 use super::{marker, names, view_name, Caller, Entry, Found, Probe, Stat, View};
 use crate::quota::scan::allocated;
 use crate::quota::table::QuotaRoot;
-use crate::store::{self, Kind};
+use crate::store::{self, creds, Kind};
 
 /// Keeps a node the kernel did not hand us for the duration of one operation.
 struct Held<'a> {
@@ -70,7 +70,9 @@ impl View {
         let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC;
         let oflags = OFlag::from_bits_truncate(flags & keep) | OFlag::O_CREAT | OFlag::O_EXCL;
         let (c, _, fd) = self.place_new(parent, name, Kind::File, false, |dir, at| {
-            let fd = store::open_at(dir, at, oflags, mode & 0o7777)?;
+            let fd = creds::run_as(caller.acting(), || {
+                store::open_at(dir, at, oflags, mode & 0o7777)
+            })?;
             let owned = store::stat_fd(dir)
                 .and_then(|d| give_to_caller(fd.as_fd(), caller, &d, mode, Kind::File));
             match owned {
@@ -118,7 +120,9 @@ impl View {
     ) -> Result<Entry, Errno> {
         let below = self.exists_below(parent, name, &view_name(name)?)?;
         let (c, dir, ()) = self.place_new(parent, name, Kind::Dir, false, |dir, at| {
-            nix::sys::stat::mkdirat(dir, at, Mode::from_bits_truncate(mode & 0o7777))?;
+            creds::run_as(caller.acting(), || {
+                nix::sys::stat::mkdirat(dir, at, Mode::from_bits_truncate(mode & 0o7777))
+            })?;
             let made = store::open_dir_at(dir, at).and_then(|fd| {
                 give_to_caller(fd.as_fd(), caller, &store::stat_fd(dir)?, mode, Kind::Dir)?;
                 // A directory made where a remote one is hidden must not let its entries back.
@@ -169,13 +173,15 @@ impl View {
         let device = kind == SFlag::S_IFCHR && rdev == 0 && parent.zone.has_below();
         let (c, dir, ()) =
             self.place_new(parent, name, Kind::from_mode(mode), device, |dir, at| {
-                nix::sys::stat::mknodat(
-                    dir,
-                    at,
-                    kind,
-                    Mode::from_bits_truncate(mode & 0o7777),
-                    rdev as u64,
-                )?;
+                creds::run_as(caller.acting(), || {
+                    nix::sys::stat::mknodat(
+                        dir,
+                        at,
+                        kind,
+                        Mode::from_bits_truncate(mode & 0o7777),
+                        rdev as u64,
+                    )
+                })?;
                 let made = store::open_path_at(dir, at).and_then(|fd| {
                     if device {
                         // Without trusted attributes there is no telling it from a whiteout:
@@ -230,7 +236,10 @@ impl View {
         caller: Caller,
     ) -> Result<Entry, Errno> {
         let (c, dir, ()) = self.place_new(parent, name, Kind::Symlink, false, |dir, at| {
-            nix::unistd::symlinkat(target, dir, at)?;
+            creds::run_as(caller.acting(), || nix::unistd::symlinkat(target, dir, at))?;
+            if creds::acts_as_caller() {
+                return Ok(());
+            }
             let owned = self.new_gid(dir, caller).and_then(|gid| {
                 nix::unistd::fchownat(
                     dir,
@@ -629,7 +638,8 @@ impl View {
     }
 }
 
-/// Makes the caller the owner of a new object (it was created by the daemon, as root).
+/// Makes the caller the owner of a new object where the daemon could not create it as the
+/// caller (see [`creds`]).
 fn give_to_caller(
     fd: BorrowedFd<'_>,
     caller: Caller,
@@ -637,6 +647,9 @@ fn give_to_caller(
     mode: u32,
     kind: Kind,
 ) -> Result<(), Errno> {
+    if creds::acts_as_caller() {
+        return Ok(());
+    }
     let gid = (dir.st_mode & libc::S_ISGID == 0).then(|| Gid::from_raw(caller.gid));
     nix::unistd::fchownat(
         fd,

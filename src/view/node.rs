@@ -39,6 +39,8 @@ pub struct Node {
     state: Mutex<NodeState>,
     /// Serializes copy-ups of this node (other requests go on meanwhile).
     copying: Mutex<()>,
+    /// Serializes the quota measurements of this file (see `View::settle`).
+    settling: Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -72,6 +74,9 @@ pub struct NodeState {
     /// How many of them do their I/O straight on local (FUSE passthrough), unseen by a
     /// quota (a shared writable mmap of a read-only open still allocates).
     pub passthrough_opens: u32,
+    /// How many passthrough opens may write: through a shared mapping, unseen by the
+    /// daemon, so the kernel must not cache the attributes while there are any.
+    pub mapped_writers: u32,
     /// A file whose last name went while it was open: the root its space is credited to
     /// at its last close.
     pub orphan_of: Option<Arc<QuotaRoot>>,
@@ -85,11 +90,16 @@ impl Node {
             zone,
             state: Mutex::new(state),
             copying: Mutex::new(()),
+            settling: Mutex::new(()),
         }
     }
 
     pub fn copy_lock(&self) -> MutexGuard<'_, ()> {
         self.copying.lock()
+    }
+
+    pub fn settle_lock(&self) -> MutexGuard<'_, ()> {
+        self.settling.lock()
     }
 
     pub fn state(&self) -> MutexGuard<'_, NodeState> {
@@ -153,6 +163,7 @@ impl NodeState {
             blocks: None,
             open_files: 0,
             passthrough_opens: 0,
+            mapped_writers: 0,
             orphan_of: None,
         }
     }

@@ -146,12 +146,31 @@ impl View {
         root.charge_inodes(-1);
     }
 
-    /// An open of `node` was made (see [`View::released`]); `bypasses`: it does its I/O
-    /// with FUSE passthrough.
-    pub fn opened(&self, node: &Node, bypasses: bool) {
+    /// Whether an open of `node` may do its I/O with FUSE passthrough, unseen by the
+    /// daemon: only outside quota roots. It counts as a passthrough open from before its
+    /// root is looked up, so that a quota being set meanwhile sees it (see
+    /// [`View::set_quota`]); [`View::bypass_refused`] takes it back.
+    pub fn may_bypass(&self, node: &Arc<Node>) -> bool {
+        node.state().passthrough_opens += 1;
+        let free = self.quota_of(node).is_none();
+        if !free {
+            self.bypass_refused(node);
+        }
+        free
+    }
+
+    /// An open that [`View::may_bypass`] counted does not do passthrough after all.
+    pub fn bypass_refused(&self, node: &Node) {
+        let mut state = node.state();
+        state.passthrough_opens = state.passthrough_opens.saturating_sub(1);
+    }
+
+    /// An open of `node` was made (see [`View::released`]); `maps_writes`: it is a
+    /// passthrough open that may write.
+    pub fn opened(&self, node: &Node, maps_writes: bool) {
         let mut state = node.state();
         state.open_files += 1;
-        state.passthrough_opens += bypasses as u32;
+        state.mapped_writers += maps_writes as u32;
     }
 
     /// Measures a file again after its data reached the disk: a filesystem may allocate
@@ -170,17 +189,26 @@ impl View {
     }
 
     /// An open of `node` was closed; the last close of a file whose names are all gone
-    /// frees its space.
-    pub fn released(&self, node: &Arc<Node>, fd: BorrowedFd<'_>, bypasses: bool) {
+    /// frees its space. Returns how many opens that may write through a mapping are left,
+    /// if this was one.
+    pub fn released(
+        &self,
+        node: &Arc<Node>,
+        fd: BorrowedFd<'_>,
+        bypasses: bool,
+        maps_writes: bool,
+    ) -> Option<u32> {
         self.resettle(node, fd);
-        let orphan = {
+        let (orphan, writers) = {
             let mut state = node.state();
             state.open_files = state.open_files.saturating_sub(1);
             state.passthrough_opens = state.passthrough_opens.saturating_sub(bypasses as u32);
+            state.mapped_writers = state.mapped_writers.saturating_sub(maps_writes as u32);
+            let writers = maps_writes.then_some(state.mapped_writers);
             if state.open_files > 0 {
-                return;
+                return writers;
             }
-            state.orphan_of.take()
+            (state.orphan_of.take(), writers)
         };
         if let Some(root) = orphan {
             if let Ok(st) = store::stat_fd(fd) {
@@ -188,6 +216,7 @@ impl View {
                 root.charge_inodes(-1);
             }
         }
+        writers
     }
 
     /// Records what a file under `root` holds now; `before` is what it held before the
@@ -200,19 +229,19 @@ impl View {
         fd: BorrowedFd<'_>,
         before: u64,
     ) -> i64 {
-        // Measured under the node's lock, so that concurrent calls on one file each
-        // charge what happened since the previous measurement, in order.
-        let mut state = node.state();
+        // Measured one call at a time per file, so that concurrent calls on one file each
+        // charge what happened since the previous measurement, in order. Only calls that
+        // charge this file wait on that; its state is locked for the update alone.
+        let _one_at_a_time = node.settle_lock();
         let Ok(st) = store::stat_fd(fd) else {
             return 0;
         };
         let now = allocated(&st);
         let generation = self.quotas.generation();
-        let old = match state.blocks.replace((generation, now)) {
+        let old = match node.state().blocks.replace((generation, now)) {
             Some((g, known)) if g == generation => known,
             _ => before,
         };
-        drop(state);
         let delta = now as i64 - old as i64;
         root.charge(delta);
         delta

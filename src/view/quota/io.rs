@@ -1,5 +1,6 @@
-//! File data calls inside a quota root: writes, `fallocate`, truncates and
-//! `copy_file_range` reserve what they may allocate, estimated from the file's extents.
+//! File data calls through the daemon: writes, `fallocate`, truncates and
+//! `copy_file_range`. They allocate as the caller (see [`crate::store::creds`]); inside a
+//! quota root they reserve what they may allocate, estimated from the file's extents.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
@@ -9,9 +10,9 @@ use nix::errno::Errno;
 use super::block_size;
 use crate::quota::scan::allocated;
 use crate::quota::table::{QuotaRoot, Reservation};
-use crate::store;
+use crate::store::{self, creds};
 use crate::view::node::Node;
-use crate::view::{Stat, View};
+use crate::view::{Caller, Stat, View};
 
 impl View {
     /// Writes `data` at `offset` of the open file `fd` of `node`, within its quota: a
@@ -22,14 +23,16 @@ impl View {
         fd: BorrowedFd<'_>,
         offset: u64,
         data: &[u8],
+        caller: Caller,
     ) -> Result<usize, Errno> {
+        let write = |data: &[u8]| creds::run_as(caller.acting(), || pwrite_all(fd, data, offset));
         let Some(root) = self.quota_of(node) else {
-            return pwrite_all(fd, data, offset);
+            return write(data);
         };
         let st = store::stat_fd(fd)?;
         let before = allocated(&st);
         let (len, reservation) = reserve_fitting(&root, fd, &st, offset, data.len() as u64)?;
-        let written = pwrite_all(fd, &data[..len as usize], offset);
+        let written = write(&data[..len as usize]);
         self.settle(&root, node, fd, before);
         drop(reservation);
         written
@@ -44,15 +47,18 @@ impl View {
         mode: i32,
         offset: u64,
         length: u64,
+        caller: Caller,
     ) -> Result<(), Errno> {
         let call = || {
-            Errno::result(unsafe {
-                libc::fallocate(
-                    fd.as_raw_fd(),
-                    mode,
-                    offset as libc::off_t,
-                    length as libc::off_t,
-                )
+            creds::run_as(caller.acting(), || {
+                Errno::result(unsafe {
+                    libc::fallocate(
+                        fd.as_raw_fd(),
+                        mode,
+                        offset as libc::off_t,
+                        length as libc::off_t,
+                    )
+                })
             })
             .map(drop)
         };
@@ -99,28 +105,30 @@ impl View {
         Ok(())
     }
 
-    /// `copy_file_range(2)` into the open file `dst` of `node`, within its quota.
+    /// `copy_file_range(2)` of `len` bytes from `(src, offset_in)` into `(dst, offset_out)`,
+    /// `dst` an open file of `node`, within its quota.
     pub fn copy_range_at(
         &self,
         node: &Arc<Node>,
-        src: BorrowedFd<'_>,
-        offset_in: u64,
-        dst: BorrowedFd<'_>,
-        offset_out: u64,
+        (src, offset_in): (BorrowedFd<'_>, u64),
+        (dst, offset_out): (BorrowedFd<'_>, u64),
         len: u64,
+        caller: Caller,
     ) -> Result<usize, Errno> {
         let copy = |len: u64| {
             let mut off_in = offset_in as libc::loff_t;
             let mut off_out = offset_out as libc::loff_t;
-            Errno::result(unsafe {
-                libc::copy_file_range(
-                    src.as_raw_fd(),
-                    &mut off_in,
-                    dst.as_raw_fd(),
-                    &mut off_out,
-                    len.min(1 << 30) as usize,
-                    0,
-                )
+            creds::run_as(caller.acting(), || {
+                Errno::result(unsafe {
+                    libc::copy_file_range(
+                        src.as_raw_fd(),
+                        &mut off_in,
+                        dst.as_raw_fd(),
+                        &mut off_out,
+                        len.min(1 << 30) as usize,
+                        0,
+                    )
+                })
             })
             .map(|n| n as usize)
         };

@@ -79,24 +79,39 @@ impl View {
             return None;
         }
         let generation = self.quotas.generation();
-        {
-            let state = node.state();
-            // A file deleted while open has no name to find its root by, and is charged
-            // to the root it was deleted from until its last close.
-            if let Some(root) = &state.orphan_of {
-                return Some(root.clone());
-            }
-            if let Some((g, root)) = &state.quota {
-                if *g == generation {
-                    return root.clone();
+        // Up the tree to the first node that knows its root for this generation, or is a
+        // root; the answer is then remembered on the way walked. A loop, not a recursion:
+        // the tree may be as deep as a caller makes it.
+        let mut walked = Vec::new();
+        let mut at = node.clone();
+        let root = loop {
+            {
+                let state = at.state();
+                // A file deleted while open has no name to find its root by, and is
+                // charged to the root it was deleted from until its last close.
+                if let Some(root) = &state.orphan_of {
+                    break Some(root.clone());
+                }
+                if let Some((g, root)) = &state.quota {
+                    if *g == generation {
+                        break root.clone();
+                    }
                 }
             }
+            if let Some(root) = self.own_root(&at) {
+                walked.push(at);
+                break Some(root);
+            }
+            let parent = at.primary().map(|(parent, _)| parent);
+            walked.push(at);
+            match parent {
+                Some(parent) => at = parent,
+                None => break None,
+            }
+        };
+        for n in walked {
+            n.state().quota = Some((generation, root.clone()));
         }
-        let root = self.own_root(node).or_else(|| {
-            node.primary()
-                .and_then(|(parent, _)| self.quota_of(&parent))
-        });
-        node.state().quota = Some((generation, root.clone()));
         root
     }
 
@@ -189,6 +204,12 @@ impl View {
     }
 
     /// Makes `node` a quota root with `limit`, or changes the limit of one.
+    ///
+    /// A new root is made visible before anything is checked or counted: from then on no
+    /// open under it gets passthrough and every allocation is charged to it, so a writer
+    /// that bypasses the daemon can only be one that was already open, which refuses the
+    /// quota. The existing usage is then counted with no lock held (a rename elsewhere
+    /// never waits for the walk), and added to what was charged meanwhile.
     pub fn set_quota(&self, node: &Arc<Node>, limit: Limit) -> Result<Arc<QuotaRoot>, QuotaError> {
         let path = self.rel_path(node).unwrap_or_default();
         let shown = path.display().to_string();
@@ -199,47 +220,60 @@ impl View {
         if !node.is_dir() {
             return Err(sys(Errno::ENOTDIR));
         }
-        let _changes = self.quotas.lock_changes();
-        if let Some(root) = self.own_root(node) {
-            root.set_limit(limit);
-            self.save_quotas()?;
-            info!(path = %shown, limit = limit.bytes, "quota changed");
-            return Ok(root);
-        }
-        if let Some(above) = node.primary().and_then(|(p, _)| self.quota_of(&p)) {
-            return Err(QuotaError::Inside {
-                path: shown,
-                root: above.path().display().to_string(),
-            });
-        }
-        if let Some(below) = self.quotas.roots_under(&path).first() {
-            return Err(QuotaError::Contains {
-                path: shown,
-                root: below.path().display().to_string(),
-            });
-        }
-        // Writes that bypass the daemon could not be counted.
-        if let Some(file) = self.passthrough_open_under(&path) {
-            return Err(QuotaError::Busy {
-                path: shown,
-                file: file.display().to_string(),
-            });
-        }
         let local = self.ensure_local_dir(node).map_err(sys)?;
         let st = store::stat_fd(local.as_fd()).map_err(sys)?;
-        let usage = scan::usage(local.as_fd()).map_err(sys)?;
-        let root = Arc::new(QuotaRoot::new(
-            st.st_dev,
-            st.st_ino,
-            path,
-            limit,
-            usage,
-            self.quotas.errno(),
-        ));
-        self.quotas.insert(root.clone());
-        if let Err(e) = self.save_quotas() {
+        let root = {
+            let _changes = self.quotas.lock_changes();
+            if let Some(root) = self.own_root(node) {
+                root.set_limit(limit);
+                self.save_quotas()?;
+                info!(path = %shown, limit = limit.bytes, "quota changed");
+                return Ok(root);
+            }
+            if let Some(above) = node.primary().and_then(|(p, _)| self.quota_of(&p)) {
+                return Err(QuotaError::Inside {
+                    path: shown,
+                    root: above.path().display().to_string(),
+                });
+            }
+            if let Some(below) = self.quotas.roots_under(&path).first() {
+                return Err(QuotaError::Contains {
+                    path: shown,
+                    root: below.path().display().to_string(),
+                });
+            }
+            let root = Arc::new(QuotaRoot::new(
+                st.st_dev,
+                st.st_ino,
+                path.clone(),
+                limit,
+                Default::default(),
+                self.quotas.errno(),
+            ));
+            self.quotas.insert(root.clone());
+            root
+        };
+        let withdraw = |e: QuotaError| {
+            let _changes = self.quotas.lock_changes();
             self.quotas.remove(st.st_dev, st.st_ino);
-            return Err(e);
+            e
+        };
+        // Writes that bypass the daemon could not be counted.
+        if let Some(file) = self.passthrough_open_under(&path) {
+            return Err(withdraw(QuotaError::Busy {
+                path: shown,
+                file: file.display().to_string(),
+            }));
+        }
+        let usage = scan::usage(local.as_fd()).map_err(|e| withdraw(sys(e)))?;
+        root.charge(usage.bytes as i64);
+        root.charge_inodes(usage.inodes as i64);
+        {
+            let _changes = self.quotas.lock_changes();
+            if let Err(e) = self.save_quotas() {
+                self.quotas.remove(st.st_dev, st.st_ino);
+                return Err(e);
+            }
         }
         info!(path = %shown, limit = limit.bytes, used = usage.bytes, "quota set");
         Ok(root)
@@ -376,14 +410,15 @@ impl View {
     }
 
     /// `setxattr user.layerfs.quota`: a size sets the quota, an empty value clears it.
-    /// Only root may: a container must not raise its own limit.
+    /// Only a caller with `CAP_SYS_ADMIN` may, as on XFS: a container must not raise its
+    /// own limit, even as its own root.
     pub(in crate::view) fn set_quota_xattr(
         &self,
         node: &Arc<Node>,
         value: &[u8],
         caller: Caller,
     ) -> Result<(), Errno> {
-        if caller.uid != 0 {
+        if !caller.is_admin() {
             return Err(Errno::EPERM);
         }
         if !node.is_dir() {
@@ -419,7 +454,7 @@ impl View {
         node: &Arc<Node>,
         caller: Caller,
     ) -> Result<(), Errno> {
-        if caller.uid != 0 {
+        if !caller.is_admin() {
             return Err(Errno::EPERM);
         }
         self.clear_quota(node).map(drop).map_err(|e| e.errno())
