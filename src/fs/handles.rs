@@ -35,6 +35,9 @@ pub struct FileHandle {
     pub fd: OwnedFd,
     pub layer: Layer,
     pub mode: IoMode,
+    /// A remote file opened before its copy-up, read through the daemon: the copy, opened
+    /// for reading on the first read after it (see `LayerFs::read`).
+    pub copy: Mutex<Option<Arc<OwnedFd>>>,
 }
 
 #[derive(Debug)]

@@ -134,6 +134,20 @@ impl LayerFs {
         grant
     }
 
+    /// The local copy of a remote file `file` opened before it was copied up, once it has
+    /// one: reads through the daemon share the kernel's page cache with writers of the copy,
+    /// so they must read the copy too (as kernel overlayfs redirects them).
+    fn copy_of(&self, file: &OpenFile) -> Result<Option<Arc<OwnedFd>>, Errno> {
+        if file.layer != Layer::Remote || file.node.layer() != Layer::Local {
+            return Ok(None);
+        }
+        let mut copy = file.copy.lock();
+        if copy.is_none() {
+            *copy = Some(Arc::new(self.view.reopen(&file.node, libc::O_RDONLY)?));
+        }
+        Ok(copy.clone())
+    }
+
     /// Records an open that was granted `grant`; returns its handle number.
     fn opened(
         &self,
@@ -158,6 +172,7 @@ impl LayerFs {
             fd,
             layer,
             mode: grant.mode(),
+            copy: Mutex::new(None),
         }))
     }
 }
@@ -280,15 +295,11 @@ impl Filesystem for LayerFs {
         self.view.inodes.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let node = tri!(reply, self.view.node(ino.0));
-        let handle = fh.and_then(|fh| self.handles.file(fh.0));
-        let open = handle
-            .as_ref()
-            .and_then(|h| h.as_file())
-            .map(|f| f.fd.as_fd());
-        // A node holds its object: attributes stay readable when its name is gone.
-        let st = tri!(reply, self.view.getattr(&node, open));
+        // A node holds its object: attributes stay readable when its name is gone, and
+        // are the copy's once a remote file open through `fh` was copied up.
+        let st = tri!(reply, self.view.getattr(&node));
         reply.attr(&self.attr_ttl(&node), &file_attr(&st));
     }
 
@@ -478,11 +489,13 @@ impl Filesystem for LayerFs {
         let Some(file) = handle.as_file() else {
             return reply.error(fuser::Errno::EBADF);
         };
+        let copy = tri!(reply, self.copy_of(file));
+        let fd = copy.as_deref().unwrap_or(&file.fd).as_fd();
         let mut buf = vec![0u8; size as usize];
         let mut done = 0;
         while done < buf.len() {
             match nix::sys::uio::pread(
-                file.fd.as_fd(),
+                fd,
                 &mut buf[done..],
                 (offset as usize + done) as libc::off_t,
             ) {
@@ -823,7 +836,9 @@ impl Filesystem for LayerFs {
         let Some(file) = handle.as_file() else {
             return reply.error(fuser::Errno::EBADF);
         };
-        let res = unsafe { libc::lseek(file.fd.as_raw_fd(), offset as libc::off_t, whence) };
+        let copy = tri!(reply, self.copy_of(file));
+        let fd = copy.as_deref().unwrap_or(&file.fd);
+        let res = unsafe { libc::lseek(fd.as_raw_fd(), offset as libc::off_t, whence) };
         let pos = tri!(reply, Errno::result(res));
         reply.offset(pos);
     }

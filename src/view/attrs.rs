@@ -150,7 +150,7 @@ impl View {
             };
             Errno::result(res)?;
         }
-        self.getattr(node, None)
+        self.getattr(node)
     }
 
     pub fn getxattr(&self, node: &Node, name: &OsStr) -> Result<Vec<u8>, Errno> {

@@ -81,7 +81,7 @@ impl View {
         }
         let (_, name) = node.primary().ok_or(Errno::ESTALE)?;
         let c = cname(&name)?;
-        let template = self.getattr(node, None)?;
+        let template = self.getattr(node)?;
         let remote = node.state().remote.clone();
         let parent_times = store::stat_fd(parent_fd.as_fd())?;
         let root = self.quota_of(node);
@@ -167,7 +167,7 @@ impl View {
             .transpose()?;
         let placed = match (layer, link, &source) {
             (Layer::Virtual, Some(target), _) => {
-                let mut st = self.getattr(node, None)?;
+                let mut st = self.getattr(node)?;
                 st.st_mode = libc::S_IFLNK | 0o777;
                 place_symlink(dir, &c, &target, &st)?
             }

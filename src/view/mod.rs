@@ -414,12 +414,9 @@ impl View {
         Some((fd, st))
     }
 
-    /// Attributes of a node, read fresh. `open` is an fd of the object when the caller
-    /// has one (it also serves objects that no longer have a name).
-    pub fn getattr(&self, node: &Node, open: Option<BorrowedFd<'_>>) -> Result<Stat, Errno> {
-        if let Some(fd) = open {
-            return Ok(self.present(node, store::stat_fd(fd)?));
-        }
+    /// Attributes of a node, read fresh from its object (which it holds: also when the
+    /// object's name is gone).
+    pub fn getattr(&self, node: &Node) -> Result<Stat, Errno> {
         if node.layer() == Layer::Virtual {
             return Ok(self.virtual_stat(node));
         }
@@ -465,6 +462,12 @@ impl View {
         }
         let object = node.object().ok_or(Errno::ESTALE)?;
         store::readlink_at(object.as_fd(), c"")
+    }
+
+    /// Opens a node's object as it is now (after a copy-up: the copy) with `flags`.
+    pub fn reopen(&self, node: &Node, flags: i32) -> Result<OwnedFd, Errno> {
+        let object = node.object().ok_or(Errno::ESTALE)?;
+        store::reopen(object.as_fd(), OFlag::from_bits_truncate(flags))
     }
 
     /// Lets go of a node the kernel cannot go on using for new opens (its inode is bound to
