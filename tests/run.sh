@@ -15,6 +15,7 @@ command -v mount >/dev/null || missing+=(mount)
 command -v qemu-img >/dev/null || missing+=(qemu-utils)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 command -v losetup >/dev/null || missing+=(util-linux)
+command -v setfacl >/dev/null || missing+=(acl)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
     apt-get update -qq
