@@ -11,6 +11,7 @@ pub mod backing;
 pub mod handles;
 pub mod kernel_mount;
 pub mod notify;
+pub mod trim;
 
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};

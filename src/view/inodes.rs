@@ -88,6 +88,9 @@ struct Slot {
     /// Changed under the read lock when the node is handed out again, under the write
     /// lock when forgotten: a node cannot leave while it is being handed out.
     lookups: AtomicU64,
+    /// When it was last handed out, in hand-outs since the mount (see
+    /// [`InodeTable::least_recent`]).
+    used: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -113,6 +116,10 @@ pub struct InodeTable {
     /// Numbers of copied-up objects in local, by device and inode, until deleted.
     origins: Mutex<HashMap<(u64, u64), u64>>,
     next: AtomicU64,
+    /// Hand-outs so far: the clock of [`Slot::used`].
+    ticks: AtomicU64,
+    /// Told when the table grows past a number of nodes (see [`InodeTable::watch`]).
+    watcher: std::sync::OnceLock<(usize, crossbeam_channel::Sender<()>)>,
     /// The filesystems whose inode numbers become node numbers.
     local_dev: u64,
     remote_dev: AtomicU64,
@@ -132,6 +139,7 @@ impl InodeTable {
             Slot {
                 node: root,
                 lookups: AtomicU64::new(1),
+                used: AtomicU64::new(0),
             },
         );
         InodeTable {
@@ -139,6 +147,8 @@ impl InodeTable {
             named_numbers: Mutex::new(HashMap::new()),
             origins: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
+            ticks: AtomicU64::new(0),
+            watcher: std::sync::OnceLock::new(),
             local_dev,
             remote_dev: AtomicU64::new(remote_dev),
         }
@@ -153,6 +163,7 @@ impl InodeTable {
         let maps = self.maps.read();
         let slot = maps.nodes.get(maps.by_identity.get(id)?)?;
         slot.lookups.fetch_add(1, Ordering::Relaxed);
+        slot.used.store(self.tick(), Ordering::Relaxed);
         Some(slot.node.clone())
     }
 
@@ -167,6 +178,7 @@ impl InodeTable {
             .find_map(|id| maps.by_identity.get(id).copied());
         if let Some(slot) = existing.and_then(|ino| maps.nodes.get(&ino)) {
             slot.lookups.fetch_add(1, Ordering::Relaxed);
+            slot.used.store(self.tick(), Ordering::Relaxed);
             let node = slot.node.clone();
             drop(maps);
             return node;
@@ -183,9 +195,20 @@ impl InodeTable {
             Slot {
                 node: node.clone(),
                 lookups: AtomicU64::new(1),
+                used: AtomicU64::new(self.tick()),
             },
         );
+        if let Some((high, tell)) = self.watcher.get() {
+            if maps.nodes.len() > *high {
+                let _ = tell.try_send(());
+            }
+        }
         node
+    }
+
+    /// Has `tell` told (without waiting) whenever a node is added past `high` nodes.
+    pub fn watch(&self, high: usize, tell: crossbeam_channel::Sender<()>) {
+        let _ = self.watcher.set((high, tell));
     }
 
     /// Drops `count` kernel references; at zero the node leaves the table with its
@@ -338,6 +361,24 @@ impl InodeTable {
             .collect()
     }
 
+    /// The `count` live nodes handed out longest ago (never the root), directories or not
+    /// as `dirs` says.
+    pub fn least_recent(&self, count: usize, dirs: bool) -> Vec<Arc<Node>> {
+        let mut all: Vec<(u64, Arc<Node>)> = {
+            let maps = self.maps.read();
+            maps.nodes
+                .values()
+                .filter(|s| s.node.ino != ROOT_INO && s.node.is_dir() == dirs)
+                .map(|s| (s.used.load(Ordering::Relaxed), s.node.clone()))
+                .collect()
+        };
+        if count < all.len() {
+            all.select_nth_unstable_by_key(count, |(used, _)| *used);
+            all.truncate(count);
+        }
+        all.into_iter().map(|(_, node)| node).collect()
+    }
+
     pub fn len(&self) -> usize {
         self.maps.read().nodes.len()
     }
@@ -381,6 +422,10 @@ impl InodeTable {
             }
             _ => None,
         }
+    }
+
+    fn tick(&self) -> u64 {
+        self.ticks.fetch_add(1, Ordering::Relaxed)
     }
 
     fn counter(&self) -> u64 {
@@ -529,6 +574,20 @@ mod tests {
         t.forget(8 | REMOTE_BIT, 1);
         t.forget_origin(LOCAL, 80);
         assert_eq!(t.hand_out(file(vec![local(80)])).ino, 80);
+    }
+
+    #[test]
+    fn the_least_recently_handed_out_come_first() {
+        let t = table();
+        for ino in 10..20 {
+            t.hand_out(file(vec![local(ino)]));
+        }
+        t.hand_out_known(&local(10));
+        let mut old: Vec<u64> = t.least_recent(3, false).iter().map(|n| n.ino).collect();
+        old.sort();
+        assert_eq!(old, vec![11, 12, 13]);
+        assert_eq!(t.least_recent(100, false).len(), 10);
+        assert!(t.least_recent(100, true).is_empty(), "never the root");
     }
 
     #[test]

@@ -464,6 +464,26 @@ impl View {
         store::readlink_at(object.as_fd(), c"")
     }
 
+    /// The names by which the kernel holds the `count` nodes it was handed longest ago and
+    /// has no open file of. Dropping them from its cache lets it forget those nodes, and
+    /// their handles close (see `fs::trim`).
+    /// Files go first: a directory's number is handed out once and its name then stays
+    /// hot in the kernel's cache without a lookup.
+    pub fn least_used_names(&self, count: usize) -> Vec<(u64, OsString)> {
+        let mut nodes = self.inodes.least_recent(count, false);
+        if nodes.len() < count {
+            nodes.extend(self.inodes.least_recent(count - nodes.len(), true));
+        }
+        let mut names = Vec::new();
+        for node in nodes {
+            let state = node.state();
+            if state.open_files == 0 {
+                names.extend(state.aliases.iter().map(|(p, name)| (p.ino, name.clone())));
+            }
+        }
+        names
+    }
+
     /// Opens a node's object as it is now (after a copy-up: the copy) with `flags`.
     pub fn reopen(&self, node: &Node, flags: i32) -> Result<OwnedFd, Errno> {
         let object = node.object().ok_or(Errno::ESTALE)?;

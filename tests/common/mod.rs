@@ -473,7 +473,37 @@ pub struct RawMount {
 
 impl RawMount {
     pub fn start(remote: &Path, local: &Path, mnt: &Path, args: &[&str]) -> RawMount {
-        let child = Command::new(BIN)
+        RawMount::start_limited(remote, local, mnt, args, None)
+    }
+
+    /// Like [`RawMount::start`], with the daemon's open-file limit (soft and hard) at
+    /// `nofile` when given.
+    pub fn start_limited(
+        remote: &Path,
+        local: &Path,
+        mnt: &Path,
+        args: &[&str],
+        nofile: Option<u64>,
+    ) -> RawMount {
+        let mut cmd = Command::new(BIN);
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: setrlimit is async-signal-safe and `limit` is a plain value.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let child = cmd
             .arg("mount")
             .arg("--remote")
             .arg(remote)
