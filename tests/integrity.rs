@@ -1799,7 +1799,7 @@ fn a_million_creates_and_deletes_do_not_grow_the_daemon() {
 // ---- Open handles stay within the daemon's limit ---------------------------------------------
 
 /// The daemon holds every object the kernel knows open. A walk over more files than its
-/// open-file limit (here 1 024, far below what 4 000 cached files need) must not run out of
+/// open-file limit (here 2 048, far below what 2 × 6 000 cached files need) must not run out of
 /// descriptors: the names used longest ago are dropped from the kernel's cache, the kernel
 /// forgets their nodes and their handles close. Every create, stat and read succeeds and
 /// every file reads back what was written, in a local-only and in a shared area.
@@ -1814,13 +1814,13 @@ fn more_files_than_the_daemon_may_open_are_served() {
     copy_tree(&repo().join("fixtures/remote"), &remote);
     fs::create_dir(&local).unwrap();
     fs::create_dir(&mnt).unwrap();
-    let m = RawMount::start_limited(&remote, &local, &mnt, &["-o", "allow_other"], Some(1024));
+    let m = RawMount::start_limited(&remote, &local, &mnt, &["-o", "allow_other"], Some(2048));
     let _w = Watchdog::new(m.pid(), 300);
     let areas = [
         mnt.join("walk"),
         mnt.join("overlay/RO").join(id("L1")).join("diff/walk"),
     ];
-    const FILES: usize = 4000;
+    const FILES: usize = 6000;
     for area in &areas {
         for d in 0..4 {
             fs::create_dir_all(area.join(format!("d{d}"))).unwrap();
@@ -1842,6 +1842,6 @@ fn more_files_than_the_daemon_may_open_are_served() {
     let open = fs::read_dir(format!("/proc/{}/fd", m.pid()))
         .unwrap()
         .count();
-    eprintln!("daemon holds {open} descriptors with a limit of 1024");
-    assert!(open < 1024);
+    eprintln!("daemon holds {open} descriptors with a limit of 2048");
+    assert!(open < 2048);
 }

@@ -3,7 +3,7 @@
 //! Every node the kernel holds keeps its object open (see `view::inodes`), so the kernel's
 //! inode cache decides how many descriptors the daemon has open. The kernel trims that
 //! cache only under memory pressure, and a walk over a few million files (a scanner, `du`)
-//! fills it long before. Past a high-water mark of the open-file limit, the names of the
+//! fills it long before. Past 40 % of the open-file limit in nodes, the names of the
 //! nodes handed out longest ago are dropped from the kernel's cache (`inval_entry`); a FUSE
 //! inode nothing uses is evicted at once, so the kernel forgets those nodes and their
 //! handles close. A name is looked up again, at the cost of one round trip, when next used.
@@ -22,8 +22,9 @@ const EVERY: Duration = Duration::from_secs(1);
 /// Starts watching the inode table of `view` for as long as the view lives.
 pub fn spawn(view: &Arc<View>, notifier: Notifier) -> std::io::Result<()> {
     let limit = open_file_limit();
-    // Nodes, not descriptors: a merged directory holds two, open files hold one more each.
-    let (high, low) = (limit / 2, limit * 3 / 10);
+    // Nodes, not descriptors: a merged directory holds two, open files hold one more each,
+    // and the rest of the limit is headroom for lookups while the kernel forgets.
+    let (high, low) = (limit * 2 / 5, limit / 4);
     let (tell, told) = crossbeam_channel::bounded(1);
     view.inodes.watch(high, tell);
     let view: Weak<View> = Arc::downgrade(view);

@@ -11,7 +11,7 @@
 //! directories, which are left with a window between two steps, as documented at each.
 
 use std::ffi::CStr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, RenameFlags};
@@ -57,9 +57,11 @@ pub fn replace_whiteout(
     }
 }
 
-/// Replaces the object `name` of `dir` (an empty directory if `is_dir`) with a whiteout in
-/// one step.
-pub fn whiteout_over(dir: BorrowedFd<'_>, name: &CStr, is_dir: bool) -> Result<(), Errno> {
+/// Replaces the object `name` of `dir` with a whiteout in one step. A directory (which
+/// shows no entries, but may hold whiteouts of its own) trades places with the whiteout and
+/// is then emptied and removed under the temporary name: its whiteouts never go while it
+/// still merges with what is below it. Returns how many whiteouts it held.
+pub fn whiteout_over(dir: BorrowedFd<'_>, name: &CStr, is_dir: bool) -> Result<usize, Errno> {
     let temp = temp_name();
     marker::make_whiteout(dir, &temp)?;
     let swapped = if is_dir {
@@ -74,24 +76,29 @@ pub fn whiteout_over(dir: BorrowedFd<'_>, name: &CStr, is_dir: bool) -> Result<(
         nix::fcntl::renameat2(dir, temp.as_c_str(), dir, name, RenameFlags::empty())
     };
     match swapped {
-        Ok(()) => {
-            if is_dir {
-                remove_any(dir, &temp, true)?;
-            }
-            Ok(())
+        Ok(()) if is_dir => {
+            // Out of the view now: a failure here leaves a leftover, never a change.
+            let cleared = store::open_dir_at(dir, &temp).and_then(|fd| empty_out(fd.as_fd()));
+            let _ = remove_any(dir, &temp, true);
+            Ok(cleared.unwrap_or(0))
         }
+        Ok(()) => Ok(0),
         // No exchange: the directory goes first, and the remote one shows until the
         // whiteout takes its place.
         Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) if is_dir => {
-            let placed = remove_any(dir, name, true).and_then(|()| {
-                nix::fcntl::renameat2(
-                    dir,
-                    temp.as_c_str(),
-                    dir,
-                    name,
-                    RenameFlags::RENAME_NOREPLACE,
-                )
-            });
+            let placed = store::open_dir_at(dir, name)
+                .and_then(|fd| empty_out(fd.as_fd()))
+                .and_then(|cleared| {
+                    remove_any(dir, name, true)?;
+                    nix::fcntl::renameat2(
+                        dir,
+                        temp.as_c_str(),
+                        dir,
+                        name,
+                        RenameFlags::RENAME_NOREPLACE,
+                    )?;
+                    Ok(cleared)
+                });
             if placed.is_err() {
                 let _ = remove_any(dir, &temp, false);
             }
@@ -102,6 +109,27 @@ pub fn whiteout_over(dir: BorrowedFd<'_>, name: &CStr, is_dir: bool) -> Result<(
             Err(e)
         }
     }
+}
+
+/// Deletes the whiteouts (and the view's temporary leftovers) of a local directory that
+/// shows no entries; returns how many whiteouts there were.
+pub fn empty_out(dir: BorrowedFd<'_>) -> Result<usize, Errno> {
+    let mut cleared = 0;
+    for e in store::read_dir(dir)? {
+        let Ok(c) = store::cname(&e.name) else {
+            continue;
+        };
+        let ours = marker::is_reserved_name(c.to_bytes());
+        if e.whiteout && !marker::is_device_at(dir, &c) || ours {
+            match remove_any(dir, &c, e.kind == crate::store::Kind::Dir) {
+                // A leftover directory of ours that is not empty stays, out of sight.
+                Ok(()) | Err(Errno::ENOTEMPTY) if ours => {}
+                Ok(()) => cleared += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(cleared)
 }
 
 /// Renames `from` in `from_dir` to `to` in `to_dir` and leaves a whiteout at `from`, for
@@ -127,7 +155,7 @@ pub fn move_leaving_whiteout(
     // Also when `to` was another link of the same file, which rename leaves alone.
     let _ = remove_any(to_dir, &temp, false);
     placed?;
-    whiteout_over(from_dir, from, false)
+    whiteout_over(from_dir, from, false).map(drop)
 }
 
 /// Whether `name` in `dir` is a whiteout in a directory where one hides something.

@@ -320,10 +320,6 @@ impl View {
         if !self.is_empty_dir(held.node.zone, held.node.ino, &fds)? {
             return Err(Errno::ENOTEMPTY);
         }
-        if let Some(local) = fds.local() {
-            let cleared = clear_whiteouts(local)?;
-            self.charge_inodes(&held.node, -(cleared as i64));
-        }
         self.remove(&parent, name, &c, &held.node)
     }
 
@@ -374,10 +370,6 @@ impl View {
                 if !self.is_empty_dir(dst.node.zone, dst.node.ino, &fds)? {
                     return Err(Errno::ENOTEMPTY);
                 }
-                if let Some(local) = fds.local() {
-                    let cleared = clear_whiteouts(local)?;
-                    self.charge_inodes(&dst.node, -(cleared as i64));
-                }
             }
         }
         let moving = self.plan_move(&src.node, &parent, &new_parent)?;
@@ -415,15 +407,28 @@ impl View {
                 marker::set_opaque(fd.as_fd())?;
             }
         }
+        let mut replaced = None;
+        // A directory replaced by the rename may hold whiteouts, which go only once it no
+        // longer merges with what is below its name: it is first replaced by a whiteout.
+        if let Some(dst) = dst.as_ref().filter(|d| !exchange && d.node.is_dir()) {
+            if let Some(local) = dst.node.dir_fds().local {
+                if dst_below {
+                    replaced = store::stat_fd(local.as_fd()).ok();
+                    let cleared = names::whiteout_over(dst_dir.as_fd(), &new_c, true)?;
+                    self.charge_inodes(&new_parent, 1 - cleared as i64);
+                } else {
+                    let cleared = names::empty_out(local.as_fd())?;
+                    self.charge_inodes(&new_parent, -(cleared as i64));
+                }
+            }
+        }
         // A whiteout at the target hides a deleted remote entry: the target name is free in
         // the view, and the whiteout goes only as the moved object takes its place.
         let dst_whiteout =
             !exchange && names::is_whiteout(new_parent.zone, dst_dir.as_fd(), &new_c);
-        let replaced = if exchange || dst_whiteout {
-            None
-        } else {
-            store::stat_at(dst_dir.as_fd(), &new_c).ok()
-        };
+        if !exchange && !dst_whiteout {
+            replaced = store::stat_at(dst_dir.as_fd(), &new_c).ok();
+        }
         let mut how = flags
             & (RenameFlags::RENAME_EXCHANGE
                 | RenameFlags::RENAME_NOREPLACE
@@ -526,12 +531,20 @@ impl View {
         if let Some(local) = fds.local() {
             if let Ok(st) = store::stat_at(local, c) {
                 if !marker::hides(parent.zone, local, c, &st) {
-                    if below {
-                        names::whiteout_over(local, c, node.is_dir())?;
+                    let cleared = if below {
+                        let cleared = names::whiteout_over(local, c, node.is_dir())?;
                         self.charge_inodes(parent, 1);
+                        cleared
                     } else {
+                        // Nothing below: the directory's own whiteouts hide nothing.
+                        let cleared = match node.dir_fds().local {
+                            Some(dir) => names::empty_out(dir.as_fd())?,
+                            None => 0,
+                        };
                         names::remove_any(local, c, node.is_dir())?;
-                    }
+                        cleared
+                    };
+                    self.charge_inodes(parent, -(cleared as i64));
                     node.state().remove_alias(parent.ino, name);
                     self.name_gone(&st);
                     self.credit_removed(root, node, &st);
@@ -669,23 +682,6 @@ fn give_to_caller(
         )?;
     }
     Ok(())
-}
-
-/// Deletes the whiteouts left in a local directory that shows no entries; returns how
-/// many there were.
-fn clear_whiteouts(dir: BorrowedFd<'_>) -> Result<usize, Errno> {
-    let mut cleared = 0;
-    for e in store::read_dir(dir)? {
-        let Ok(c) = store::cname(&e.name) else {
-            continue;
-        };
-        if e.whiteout || marker::is_reserved_name(c.to_bytes()) {
-            nix::unistd::unlinkat(dir, c.as_c_str(), UnlinkatFlags::NoRemoveDir)?;
-            // Quotas count whiteouts, not the view's temporary files.
-            cleared += e.whiteout as usize;
-        }
-    }
-    Ok(cleared)
 }
 
 fn same_root(a: &Option<Arc<QuotaRoot>>, b: &Option<Arc<QuotaRoot>>) -> bool {
