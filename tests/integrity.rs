@@ -288,11 +288,19 @@ impl LocalFs {
 
     /// A fresh ext4 of `mib` MiB in an image file beside `local`, loop-mounted.
     fn ext4(&mut self, local: &Path, mib: u64) {
+        self.ext4_with(local, mib, &[]);
+    }
+
+    /// Like [`LocalFs::ext4`], with extra `mkfs.ext4` arguments.
+    fn ext4_with(&mut self, local: &Path, mib: u64, mkfs: &[&str]) {
         let image = local.with_file_name("local.ext4");
         let f = fs::File::create(&image).unwrap();
         f.set_len(mib * MIB).unwrap();
         drop(f);
-        run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image));
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .args(mkfs)
+            .arg(&image));
         run(Command::new("mount")
             .args(["-o", "loop"])
             .arg(&image)
@@ -1844,4 +1852,69 @@ fn more_files_than_the_daemon_may_open_are_served() {
         .count();
     eprintln!("daemon holds {open} descriptors with a limit of 2048");
     assert!(open < 2048);
+}
+
+// ---- Allocating as the caller ----------------------------------------------------------------
+
+/// How many bytes `who` (a shell run as nobody, or as root) can write to a new file `name`
+/// in `dir` before the filesystem says it is full; `dd` as the writer, 1 MiB blocks.
+fn fill_as(dir: &Path, name: &str, nobody: bool) -> u64 {
+    let script = format!(
+        "dd if=/dev/zero of='{}' bs=1M count=64 conv=fsync 2>/dev/null; stat -c %s '{}'",
+        dir.join(name).display(),
+        dir.join(name).display()
+    );
+    let (_, out) = if nobody {
+        sh_as_nobody(&script)
+    } else {
+        let out = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    out.trim()
+        .lines()
+        .last()
+        .unwrap_or("0")
+        .parse()
+        .unwrap_or(0)
+}
+
+/// Local's filesystem sees the caller, not the daemon: on an ext4 local with half of its
+/// blocks reserved for root, an unprivileged caller fills it only up to the reserve, with
+/// passthrough writes and with writes through the daemon (a new file written by `dd`, as
+/// nobody), and root can still write after that, as on the ext4 itself.
+#[test]
+fn reserved_blocks_are_kept_from_unprivileged_callers() {
+    for opts in ["", "nopassthrough"] {
+        let mut ext4 = LocalFs::default();
+        let m = Mount::with(
+            Options {
+                opts: opts.into(),
+                ..Options::default()
+            },
+            |remote| ext4.ext4_with(&local_beside(remote), 64, &["-m", "50"]),
+        );
+        let _w = Watchdog::of(&m, 120);
+        let dir = m.path("pub");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).unwrap();
+        let by_nobody = fill_as(&dir, "nobody", true);
+        let by_root = fill_as(&dir, "root", false);
+        eprintln!("{opts:?}: nobody wrote {by_nobody} bytes, then root {by_root}");
+        assert!(
+            by_nobody < 40 * MIB,
+            "{opts:?}: nobody wrote {by_nobody} bytes into a 64 MiB ext4 with half of it reserved"
+        );
+        assert!(
+            by_root >= 8 * MIB,
+            "{opts:?}: root could write only {by_root} bytes into the reserve"
+        );
+        assert_eq!(
+            fs::metadata(dir.join("nobody")).unwrap().uid(),
+            65534,
+            "{opts:?}: the file belongs to its creator"
+        );
+    }
 }

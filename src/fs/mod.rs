@@ -30,6 +30,7 @@ use nix::errno::Errno;
 use parking_lot::Mutex;
 use tracing::{debug, info};
 
+use crate::store::creds;
 use crate::view::attrs::{SetAttr, Time};
 use crate::view::{Caller, Entry, Layer, Node, View};
 use attr::{file_attr, file_type};
@@ -193,6 +194,17 @@ fn creator(req: &Request, umask: u32) -> Caller {
     Caller {
         umask: Some(umask),
         ..caller(req)
+    }
+}
+
+/// Registers a passthrough backing file. The kernel writes through it later with the
+/// credentials it was registered with, so a local file is registered as the caller:
+/// allocations by passthrough writes then meet local's reserved blocks as the caller's would.
+/// Remote files keep the daemon's: a network filesystem checks every read against them.
+fn backing_as<T>(who: Caller, layer: Layer, register: impl FnOnce() -> T) -> T {
+    match layer {
+        Layer::Local => creds::run_as(who.acting(), register),
+        _ => register(),
     }
 }
 
@@ -454,7 +466,10 @@ impl Filesystem for LayerFs {
             tri!(reply, self.view.drop_privileges(&node, caller(req)));
         }
         let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
-        let grant = self.grant(&node, &fd, layer, writes, |fd| reply.open_backing(fd));
+        let who = caller(req);
+        let grant = self.grant(&node, &fd, layer, writes, |fd| {
+            backing_as(who, layer, || reply.open_backing(fd))
+        });
         let Some(grant) = grant else {
             // The kernel's inode is bound to the remote copy it had before a copy-up, and
             // would map it: the node goes, and the kernel, told the open is stale, looks
@@ -779,7 +794,9 @@ impl Filesystem for LayerFs {
         let layer = crate::view::Layer::Local;
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let grant = self
-            .grant(&entry.node, &fd, layer, writes, |fd| reply.open_backing(fd))
+            .grant(&entry.node, &fd, layer, writes, |fd| {
+                backing_as(caller(req), layer, || reply.open_backing(fd))
+            })
             // A new object has no other open to be bound to.
             .unwrap_or(Grant::Uncached);
         let fh = self.opened(&entry.node, fd, layer, writes, &grant);
