@@ -688,3 +688,25 @@ fn file_capabilities_are_seen_and_dropped_by_unprivileged_writes() {
         libc::ENODATA
     );
 }
+
+/// `chown(f, -1, -1)` changes nothing but the change time, as on ext4 (the kernel sends
+/// layerfs a SETATTR with no field at all for it).
+#[test]
+fn chown_to_the_same_owner_moves_the_ctime() {
+    let m = Mount::new();
+    for p in [m.path("mine"), m.diff("L1").join("etc/hostname")] {
+        if !p.exists() {
+            fs::write(&p, "x").unwrap();
+        }
+        let before = fs::symlink_metadata(&p).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::os::unix::fs::chown(&p, None, None).unwrap();
+        let after = fs::symlink_metadata(&p).unwrap();
+        assert!(
+            (after.ctime(), after.ctime_nsec()) > (before.ctime(), before.ctime_nsec()),
+            "ctime of {}",
+            p.display()
+        );
+        assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+    }
+}

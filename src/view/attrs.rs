@@ -110,7 +110,9 @@ impl View {
                 nix::sys::stat::FchmodatFlags::FollowSymlink,
             )?;
         }
-        if set.uid.is_some() || set.gid.is_some() {
+        // `chown(f, -1, -1)` (the kernel sends no field for it) still changes the ctime,
+        // as it does on local's filesystem.
+        if set.uid.is_some() || set.gid.is_some() || set.is_empty() {
             nix::unistd::fchownat(
                 fd,
                 c"",
