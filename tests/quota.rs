@@ -1568,13 +1568,13 @@ fn rename_into_a_full_root_fails_and_moves_nothing() {
     );
     assert!(!c1.join("f").exists());
     assert_eq!(used(&m, "overlay/c1"), u);
-    // A directory with content does not fit either.
+    // A directory does not move between roots at all (see below).
     fs::create_dir(out.join("d")).unwrap();
     write_file(&out.join("d/x"), MIB as usize, 4);
     assert_errno(
         "rename of a directory into a full root",
         fs::rename(out.join("d"), c1.join("d")),
-        libc::ENOSPC,
+        libc::EXDEV,
     );
     assert!(out.join("d/x").is_file());
     // Renames inside the full root cost nothing.
@@ -1619,12 +1619,33 @@ fn rename_moves_usage_between_roots() {
         u.abs_diff(b2 + 2 * MIB) <= SLACK
     });
 
-    // A whole tree moves with its usage and inodes.
+    // A directory does not move between roots, as between XFS projects: counting it would
+    // walk its whole tree inside the rename. `mv` copies it instead, and the copy is
+    // charged like any write.
     fs::create_dir_all(out.join("d/e")).unwrap();
     write_file(&out.join("d/x"), MIB as usize, 7);
     write_file(&out.join("d/e/y"), MIB as usize, 8);
     let before = get(&m, "overlay/c3");
-    fs::rename(out.join("d"), c3.join("d")).unwrap();
+    assert_errno(
+        "rename of a directory into a root",
+        fs::rename(out.join("d"), c3.join("d")),
+        libc::EXDEV,
+    );
+    assert_eq!(
+        get(&m, "overlay/c3"),
+        before,
+        "a refused rename moved usage"
+    );
+    let mv = std::process::Command::new("mv")
+        .arg(out.join("d"))
+        .arg(c3.join("d"))
+        .output()
+        .unwrap();
+    assert!(
+        mv.status.success(),
+        "{}",
+        String::from_utf8_lossy(&mv.stderr)
+    );
     let after = assert_usage_matches_local(&m, "overlay/c3");
     assert!(
         after.used >= before.used + 2 * MIB + 2 * 4096,
@@ -1845,10 +1866,11 @@ fn a_file_open_with_passthrough_cannot_be_renamed_into_a_root() {
     assert!(head[..MIB as usize] == data[..], "the data moved intact");
 }
 
-/// A directory holding a file with a hard link outside it cannot leave its root (the link
-/// left behind would keep the space): `EXDEV`, until the other link is gone.
+/// A directory does not leave its root by rename (`EXDEV`, as between XFS projects), and a
+/// file with another hard link does not either (the link left behind would keep the space),
+/// until the other link is gone.
 #[test]
-fn a_directory_with_hard_links_does_not_move_between_roots() {
+fn directories_and_hard_linked_files_do_not_move_between_roots() {
     let m = mount();
     let q = root(&m, "q", "8M", &[]);
     let out = m.path("overlay/out");
@@ -1859,8 +1881,13 @@ fn a_directory_with_hard_links_does_not_move_between_roots() {
     let before = assert_usage_matches_local(&m, "overlay/q");
 
     assert_errno(
-        "rename of a dir with a hard-linked file out of its root",
+        "rename of a dir out of its root",
         fs::rename(q.join("d"), out.join("d")),
+        libc::EXDEV,
+    );
+    assert_errno(
+        "rename of a hard-linked file out of its root",
+        fs::rename(q.join("keep"), out.join("keep")),
         libc::EXDEV,
     );
     assert!(q.join("d/big").is_file() && !out.join("d").exists());
@@ -1868,16 +1895,16 @@ fn a_directory_with_hard_links_does_not_move_between_roots() {
 
     fs::remove_file(q.join("keep")).unwrap();
     let linked_once = used(&m, "overlay/q");
-    fs::rename(q.join("d"), out.join("d")).expect("rename once the other link is gone");
+    fs::rename(q.join("d/big"), out.join("big")).expect("rename once the other link is gone");
     let after = assert_usage_matches_local(&m, "overlay/q");
     let dropped = linked_once.saturating_sub(after.used);
     assert!(
         (MIB..=MIB + SLACK).contains(&dropped),
-        "usage went from {linked_once} to {} when a dir with 1 MiB moved out",
+        "usage went from {linked_once} to {} when a 1 MiB file moved out",
         after.used
     );
-    assert_eq!(after.inodes_used, before.inodes_used - 2);
-    assert!(fs::read(out.join("d/big")).unwrap() == data);
+    assert_eq!(after.inodes_used, before.inodes_used - 1);
+    assert!(fs::read(out.join("big")).unwrap() == data);
 }
 
 /// A file that leaves its root, grows outside and comes back is charged what it takes now,

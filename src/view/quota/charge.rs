@@ -9,7 +9,7 @@ use nix::errno::Errno;
 use tracing::warn;
 
 use super::block_size;
-use crate::quota::scan::{self, allocated};
+use crate::quota::scan::allocated;
 use crate::quota::table::{QuotaRoot, Reservation};
 use crate::store;
 use crate::view::copyup::Room;
@@ -248,10 +248,13 @@ impl View {
     }
 
     /// Plans moving `node` (a name of `from_dir`) into `to_dir`: where both are under the
-    /// same root (or none), nothing moves; otherwise its usage moves and the destination
-    /// must have room. Quota roots do not nest, so a directory holding one cannot move
-    /// under another (`EXDEV`, like a move between XFS projects); neither can one of
-    /// several hard links.
+    /// same root (or none), nothing moves; a file moving between roots takes its usage
+    /// along, and the destination must have room. A directory moving between roots fails
+    /// with `EXDEV`, as between XFS projects (`mv` then copies): counting it would take a
+    /// walk of its whole tree while the kernel holds every other rename back. Quota roots
+    /// move freely outside other roots, with their quota. A file that is open with
+    /// passthrough (its writes would land unseen), or one of several hard links, does not
+    /// move into a root.
     pub(in crate::view) fn plan_move(
         &self,
         node: &Arc<Node>,
@@ -278,31 +281,15 @@ impl View {
         if same {
             return Ok(None);
         }
-        // What moves must be countable: nothing open with passthrough (its writes would
-        // land unseen), no inode also reachable from outside what moves.
-        let path = self.rel_path(node).ok_or(Errno::EXDEV)?;
-        if to.is_some() && self.passthrough_open_under(&path).is_some() {
+        if node.is_dir() || (to.is_some() && node.state().passthrough_opens > 0) {
             return Err(Errno::EXDEV);
         }
-        let (bytes, inodes) = if node.is_dir() {
-            if to.is_some() && !self.quotas.roots_under(&path).is_empty() {
-                return Err(Errno::EXDEV);
-            }
-            let local = node.state().local.clone().ok_or(Errno::EXDEV)?;
-            let tree = scan::tree(local.as_fd())?;
-            if tree.hard_linked {
-                return Err(Errno::EXDEV);
-            }
-            (tree.usage.bytes, tree.usage.inodes)
-        } else {
-            let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
-            let dir = parent.dir_fds().local.ok_or(Errno::ESTALE)?;
-            let st = store::stat_at(dir.as_fd(), &store::cname(&name)?)?;
-            if st.st_nlink > 1 {
-                return Err(Errno::EXDEV);
-            }
-            (allocated(&st), 1)
-        };
+        let object = node.object().ok_or(Errno::ESTALE)?;
+        let st = store::stat_fd(object.as_fd())?;
+        if st.st_nlink > 1 {
+            return Err(Errno::EXDEV);
+        }
+        let (bytes, inodes) = (allocated(&st), 1);
         let room = match &to {
             Some(to) => Some(to.reserve_with_inodes(bytes, inodes)?),
             None => None,
