@@ -1918,3 +1918,116 @@ fn reserved_blocks_are_kept_from_unprivileged_callers() {
         );
     }
 }
+
+// ---- A local filesystem without RENAME_WHITEOUT -----------------------------------------------
+
+/// Where local's filesystem has no `RENAME_WHITEOUT` (NFS, sshfs, FUSE filesystems; here a
+/// shared area of another layerfs view, which refuses it there as overlayfs refuses
+/// whiteouts in its upper dir), the fallbacks keep the union right: renaming a remote file
+/// and a directory over a hidden remote one leaves whiteouts, files and directories made over
+/// whiteouts take their place, a merged directory is removed, and all of it holds after a
+/// remount.
+#[test]
+fn a_local_without_rename_whiteout_keeps_names_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let make = |name: &str| {
+        let p = dir.path().join(name);
+        fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let (inner_remote, inner_local, inner_mnt) =
+        (dir.path().join("i-remote"), make("i-local"), make("i-mnt"));
+    copy_tree(&repo().join("fixtures/remote"), &inner_remote);
+    let inner = RawMount::start(
+        &inner_remote,
+        &inner_local,
+        &inner_mnt,
+        &["-o", "allow_other"],
+    );
+    let _wi = Watchdog::new(inner.pid(), 120);
+    let outer_local = inner_mnt
+        .join("overlay/RO")
+        .join(id("L1"))
+        .join("diff/outer-local");
+    fs::create_dir(&outer_local).unwrap();
+    let (outer_remote, outer_mnt) = (dir.path().join("o-remote"), make("o-mnt"));
+    copy_tree(&repo().join("fixtures/remote"), &outer_remote);
+    let check = |d: &Path| {
+        assert!(
+            !d.join("etc/hostname").exists(),
+            "etc/hostname was renamed away"
+        );
+        assert_eq!(
+            fs::read_to_string(d.join("etc/hn")).unwrap(),
+            fs::read_to_string(remote_file(&outer_remote, "etc/hostname")).unwrap()
+        );
+        assert_eq!(
+            fs::read_to_string(d.join("etc/os-release")).unwrap(),
+            "new\n"
+        );
+        assert!(
+            !d.join("usr/share/doc").exists(),
+            "the moved directory left a whiteout"
+        );
+        assert_eq!(names(&d.join("docs")), vec!["mine"]);
+        assert_eq!(
+            names(&d.join("usr/lib")),
+            Vec::<String>::new(),
+            "an opaque new dir"
+        );
+        assert!(
+            !d.join("bin").exists(),
+            "the removed merged directory stays removed"
+        );
+    };
+    {
+        let outer = RawMount::start(
+            &outer_remote,
+            &outer_local,
+            &outer_mnt,
+            &["-o", "allow_other"],
+        );
+        let _wo = Watchdog::new(outer.pid(), 120);
+        let d = outer_mnt.join("overlay/RO").join(id("L1")).join("diff");
+        fs::rename(d.join("etc/hostname"), d.join("etc/hn")).unwrap();
+        fs::remove_file(d.join("etc/os-release")).unwrap();
+        fs::write(d.join("etc/os-release"), "new\n").unwrap();
+        let rm = |p: &Path| {
+            let out = Command::new("rm").arg("-rf").arg(p).output().unwrap();
+            assert!(
+                out.status.success(),
+                "rm -rf {}: {}",
+                p.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        rm(&d.join("usr/share/doc"));
+        fs::create_dir(d.join("usr/share/doc")).unwrap();
+        fs::write(d.join("usr/share/doc/mine"), "m").unwrap();
+        fs::rename(d.join("usr/share/doc"), d.join("docs")).unwrap();
+        rm(&d.join("usr/lib"));
+        fs::create_dir(d.join("usr/lib")).unwrap();
+        rm(&d.join("bin"));
+        check(&d);
+        drop(outer);
+    }
+    let outer = RawMount::start(
+        &outer_remote,
+        &outer_local,
+        &outer_mnt,
+        &["-o", "allow_other"],
+    );
+    let _wo = Watchdog::new(outer.pid(), 120);
+    check(&outer_mnt.join("overlay/RO").join(id("L1")).join("diff"));
+    drop(outer);
+    drop(inner);
+}
+
+/// The remote copy of a file of L1's diff in a fixture remote tree.
+fn remote_file(remote: &Path, rel: &str) -> PathBuf {
+    remote
+        .join("overlay/RO")
+        .join(id("L1"))
+        .join("diff")
+        .join(rel)
+}

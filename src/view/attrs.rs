@@ -162,7 +162,8 @@ impl View {
         let caps = name.as_bytes() == CAPABILITY;
         {
             let st = node.state();
-            if st.layer == Layer::Virtual || (caps && st.no_capability) {
+            let ours = st.layer == Layer::Local && marker::is_own_xattr(name.as_bytes());
+            if st.layer == Layer::Virtual || (caps && st.no_capability) || ours {
                 return Err(Errno::ENODATA);
             }
         }
@@ -196,6 +197,7 @@ impl View {
         let path = store::proc_path(fd.as_fd());
         for stored in xattr::list(&path)? {
             let shown = match node.layer() {
+                Layer::Local if marker::is_own_xattr(&stored) => None,
                 Layer::Local => marker::unescape(&stored),
                 _ => Some(stored),
             };
@@ -218,6 +220,9 @@ impl View {
         if Self::is_quota_xattr(name) {
             return self.set_quota_xattr(node, value, caller);
         }
+        if marker::is_own_xattr(name.as_bytes()) {
+            return Err(Errno::EPERM);
+        }
         self.make_local(node, true)?;
         let fd = self.object_fd(node)?;
         let stored = marker::escape(name.as_bytes()).ok_or(Errno::EINVAL)?;
@@ -230,6 +235,9 @@ impl View {
     pub fn removexattr(&self, node: &Arc<Node>, name: &OsStr, caller: Caller) -> Result<(), Errno> {
         if Self::is_quota_xattr(name) {
             return self.remove_quota_xattr(node, caller);
+        }
+        if marker::is_own_xattr(name.as_bytes()) {
+            return Err(Errno::EPERM);
         }
         // Nothing to copy up for an attribute that is not there.
         if node.layer() != Layer::Local {

@@ -318,12 +318,12 @@ fn finish_temp(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, st: &Stat) -> Resu
     result
 }
 
-/// A fresh name under [`marker::TEMP_PREFIX`], unique within the process.
+/// A fresh name under [`marker::temp_prefix`], unique within the process.
 pub(super) fn temp_name() -> std::ffi::CString {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let prefix = String::from_utf8_lossy(marker::TEMP_PREFIX);
+    let prefix = String::from_utf8_lossy(marker::temp_prefix());
     std::ffi::CString::new(format!("{prefix}{}.{n}", std::process::id())).unwrap_or_default()
 }
 

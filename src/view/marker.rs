@@ -15,6 +15,7 @@
 
 use std::ffi::{CStr, CString};
 use std::os::fd::BorrowedFd;
+use std::sync::OnceLock;
 
 use nix::errno::Errno;
 use nix::sys::stat::{Mode, SFlag};
@@ -22,8 +23,9 @@ use nix::sys::stat::{Mode, SFlag};
 use super::{Stat, Zone};
 use crate::store::{self, xattr};
 
-/// Prefix of the temporary names copy-up uses in local.
-pub const TEMP_PREFIX: &[u8] = b".layerfs-tmp.";
+/// Prefix of the temporary names the view makes in local; see [`temp_prefix`].
+const TEMP_BASE: &[u8] = b".layerfs-tmp.";
+static TEMP_PREFIX: OnceLock<Vec<u8>> = OnceLock::new();
 /// The quota registry's name (see `quota::persist`).
 pub const REGISTRY_NAME: &[u8] = b".layerfs-quota.json";
 
@@ -33,10 +35,22 @@ const OPAQUE_NAMES: [&CStr; 2] = [c"trusted.overlay.opaque", c"user.overlay.opaq
 const DEVICE_NAME: &CStr = c"trusted.layerfs.device";
 const PRIVATE_PREFIXES: [&[u8]; 2] = [b"trusted.overlay.", b"user.overlay."];
 
+/// Tags the temporary names of this process's view with `tag` (its local root's inode
+/// number): another layerfs whose local lies in this view then has temporary names of its
+/// own, which this one neither hides nor refuses. Only the first call counts.
+pub fn tag_temp_names(tag: u64) {
+    let _ = TEMP_PREFIX.set([TEMP_BASE, format!("{tag:x}.").as_bytes()].concat());
+}
+
+/// `.layerfs-tmp.<tag>.`: the prefix of the view's temporary names in local.
+pub fn temp_prefix() -> &'static [u8] {
+    TEMP_PREFIX.get().map_or(TEMP_BASE, Vec::as_slice)
+}
+
 /// The view's own bookkeeping in local (temporary files, the quota registry): never
 /// visible in the view, never creatable through it.
 pub fn is_reserved_name(name: &[u8]) -> bool {
-    name.starts_with(TEMP_PREFIX) || name == REGISTRY_NAME
+    name.starts_with(temp_prefix()) || name == REGISTRY_NAME
 }
 
 /// Whether the local entry `name` of `dir`, a directory of `zone`, is one of our
@@ -61,7 +75,7 @@ pub fn set_device(fd: BorrowedFd<'_>) -> Result<(), Errno> {
     xattr::set(&store::proc_path(fd), DEVICE_NAME, b"chr", 0)
 }
 
-/// Our own attributes, which the view neither shows nor lets anyone change.
+/// Our own attributes, which the view neither shows in local nor lets anyone change.
 pub fn is_own_xattr(name: &[u8]) -> bool {
     name == DEVICE_NAME.to_bytes()
 }

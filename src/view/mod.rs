@@ -151,6 +151,7 @@ impl View {
         index: LayoutIndex,
     ) -> Result<View, Errno> {
         let local_st = store::stat_fd(local_root.as_fd())?;
+        marker::tag_temp_names(local_st.st_ino);
         let mut virtual_base = local_st;
         virtual_base.st_uid = 0;
         virtual_base.st_gid = 0;
