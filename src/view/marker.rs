@@ -154,7 +154,11 @@ mod tests {
 
     #[test]
     fn reserved_names_are_recognised() {
-        assert!(is_reserved_name(b".layerfs-tmp.abc"));
+        // The tag is the process's: a view made by another test may have set it first.
+        tag_temp_names(0xabc);
+        assert!(is_reserved_name(&[temp_prefix(), b"1.2"].concat()));
+        // Another tree's temporary names (hex tags never hold a `z`) are ordinary names.
+        assert!(!is_reserved_name(b".layerfs-tmp.zz.1.2"));
         assert!(is_reserved_name(b".layerfs-quota.json"));
         assert!(!is_reserved_name(b".layerfs-notes"));
         assert!(!is_reserved_name(b".layerfs"));
