@@ -1187,8 +1187,9 @@ const SGID_STEPS: [(&str, &str); 3] = [
 ];
 
 /// An unprivileged write, truncate or fallocate by a caller outside the file's group clears
-/// the set-group-ID bit of a file (mode 02766: set-group-ID without group execute, world
-/// writable), as the kernel does on the host filesystem (`setattr_should_drop_sgid`).
+/// the set-group-ID bit of a file without group execute (modes 02766 and, with set-user-ID
+/// too, 06766 and 06666 as xfstests 683-685 use), as the kernel does on the host filesystem
+/// (`setattr_should_drop_sgid`); so does setting an access ACL (xfstests 375).
 #[test]
 fn unprivileged_writes_clear_set_group_id_as_on_the_host() {
     let m = Mount::new();
@@ -1198,21 +1199,35 @@ fn unprivileged_writes_clear_set_group_id_as_on_the_host() {
     fs::create_dir(&dir).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
     let mut differ = Vec::new();
-    for (what, script) in SGID_STEPS {
-        let mut modes = Vec::new();
-        for base in [dir.as_path(), host.path()] {
-            let f = base.join(what);
-            root_file(&f, 0o2766);
-            as_nobody_on(&f, script);
-            modes.push(mode_of(&f));
-        }
-        eprintln!("{what} by nobody: view {:o}, host {:o}", modes[0], modes[1]);
-        if modes[0] != modes[1] {
-            differ.push(format!("{what}: view {:o}, host {:o}", modes[0], modes[1]));
+    let acl = ("setfacl", r#"setfacl -m u::rwx,g::rwx,o::rwx "$F""#);
+    for (what, script) in SGID_STEPS.into_iter().chain([acl]) {
+        for start in [0o2766, 0o6766, 0o6666] {
+            let mut modes = Vec::new();
+            for base in [dir.as_path(), host.path()] {
+                let f = base.join(format!("{what}-{start:o}"));
+                root_file(&f, start);
+                if what == "setfacl" {
+                    // Only the owner may set an ACL: nobody owns it, root's group keeps it.
+                    std::os::unix::fs::chown(&f, Some(65534), None).unwrap();
+                    fs::set_permissions(&f, fs::Permissions::from_mode(start)).unwrap();
+                }
+                as_nobody_on(&f, script);
+                modes.push(mode_of(&f));
+            }
+            eprintln!(
+                "{what} of {start:o} by nobody: view {:o}, host {:o}",
+                modes[0], modes[1]
+            );
+            if modes[0] != modes[1] {
+                differ.push(format!(
+                    "{what} of {start:o}: view {:o}, host {:o}",
+                    modes[0], modes[1]
+                ));
+            }
         }
     }
     assert!(
-        mode_of(&host.path().join("write")) & 0o2000 == 0,
+        mode_of(&host.path().join("write-2766")) & 0o2000 == 0,
         "the host clears set-group-ID on a write by a non-member"
     );
     assert!(

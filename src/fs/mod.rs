@@ -258,6 +258,12 @@ impl Filesystem for LayerFs {
             // applies a directory's default ACL instead of the umask, as it would.
             InitFlags::FUSE_POSIX_ACL,
             InitFlags::FUSE_DONT_MASK,
+            // Set-ID bits are the daemon's to clear: the kernel asks with an empty SETATTR
+            // (before a write, passthrough ones included, fallocate or copy) or a write
+            // flag, having decided with the caller's credentials, and the daemon applies
+            // the whole rule, which the kernel's own fallback for FUSE only half applies
+            // (it keeps a setgid bit without group-execute that a non-member must lose).
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ];
         for flag in wanted {
             if offered.contains(flag) {
@@ -344,11 +350,11 @@ impl Filesystem for LayerFs {
             mtime: mtime.map(time),
         };
         let who = caller(req);
-        // A SETATTR that changes nothing is the kernel asking for the set-ID bits to go
-        // (a write, fallocate or copy by a caller without CAP_FSETID): its own fallback
-        // clears only what it can tell, and leaves a non-member's setgid file to us.
+        // A SETATTR that changes nothing is the kernel asking for the set-ID bits to go (see
+        // `init`: a write, fallocate or copy by a caller without CAP_FSETID, or a chown).
         let kill = set.is_empty() && ctime.is_none();
-        // A truncate by an unprivileged caller clears them as a write does.
+        // A truncate by an unprivileged caller clears them as a write does (the kernel's
+        // flag for it is not passed on by the FUSE library).
         if kill || (size.is_some() && who.uid != 0) {
             tri!(reply, self.view.drop_privileges(&node, who));
         }

@@ -23,6 +23,8 @@ use crate::store::{self, xattr, Kind};
 /// an unprivileged caller writes); its absence is remembered per node, since every change to
 /// an object's attributes goes through the view.
 const CAPABILITY: &[u8] = b"security.capability";
+/// A file's access ACL, whose setting also sets the mode.
+const ACCESS_ACL: &[u8] = b"system.posix_acl_access";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Time {
@@ -229,7 +231,23 @@ impl View {
         if name.as_bytes() == CAPABILITY {
             node.state().no_capability = false;
         }
-        xattr::set(&store::proc_path(fd.as_fd()), &stored, value, flags)
+        let path = store::proc_path(fd.as_fd());
+        xattr::set(&path, &stored, value, flags)?;
+        // Local's filesystem updates the mode from the new ACL as it would for the daemon,
+        // which may keep a setgid bit; a caller outside the group without CAP_FSETID loses
+        // it, as the kernel rules (its flag for this does not reach FUSE daemons here).
+        if name.as_bytes() == ACCESS_ACL && caller.uid != 0 {
+            let st = store::stat_fd(fd.as_fd())?;
+            if st.st_mode & libc::S_ISGID != 0 && !caller.in_group(st.st_gid) {
+                nix::sys::stat::fchmodat(
+                    nix::fcntl::AT_FDCWD,
+                    path.as_c_str(),
+                    Mode::from_bits_truncate(st.st_mode & 0o7777 & !libc::S_ISGID),
+                    nix::sys::stat::FchmodatFlags::FollowSymlink,
+                )?;
+            }
+        }
+        Ok(())
     }
 
     pub fn removexattr(&self, node: &Arc<Node>, name: &OsStr, caller: Caller) -> Result<(), Errno> {
