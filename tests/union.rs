@@ -614,28 +614,33 @@ fn names_over_255_bytes_are_enametoolong() {
 
 #[test]
 fn our_temporary_names_cannot_be_created_or_seen() {
+    // The view's temporary names carry a tag of its local tree (its root's inode number), so
+    // that another layerfs keeping its local inside this view has names of its own.
+    let mut ours = String::new();
     let m = Mount::with(Options::default(), |remote| {
-        let etc = local_beside(remote)
-            .join("overlay/RO")
-            .join(id("L1"))
-            .join("diff/etc");
+        let local = local_beside(remote);
+        ours = format!(".layerfs-tmp.{:x}.", fs::metadata(&local).unwrap().ino());
+        let etc = local.join("overlay/RO").join(id("L1")).join("diff/etc");
         fs::create_dir_all(&etc).unwrap();
-        fs::write(etc.join(".layerfs-tmp.left-over"), "half").unwrap();
+        fs::write(etc.join(format!("{ours}left-over")), "half").unwrap();
     });
     let etc = m.diff("L1").join("etc");
-    assert!(fs::write(etc.join(".layerfs-tmp.x"), "x").is_err());
-    assert!(fs::create_dir(etc.join(".layerfs-tmp.y")).is_err());
-    assert!(std::os::unix::fs::symlink("t", etc.join(".layerfs-tmp.z")).is_err());
+    assert!(fs::write(etc.join(format!("{ours}x")), "x").is_err());
+    assert!(fs::create_dir(etc.join(format!("{ours}y"))).is_err());
+    assert!(std::os::unix::fs::symlink("t", etc.join(format!("{ours}z"))).is_err());
     assert_eq!(names(&etc), vec!["hostname", "os-release", "passwd"]);
     assert_eq!(
-        errno_of(fs::metadata(etc.join(".layerfs-tmp.left-over"))),
+        errno_of(fs::metadata(etc.join(format!("{ours}left-over")))),
         libc::ENOENT
     );
     // Nothing new landed in local.
     assert_eq!(
         names(&m.local_diff("L1").join("etc")),
-        vec![".layerfs-tmp.left-over"]
+        vec![format!("{ours}left-over")]
     );
+    // Another tree's temporary names are ordinary ones here.
+    fs::write(etc.join(".layerfs-tmp.zz.1"), "theirs").unwrap();
+    assert_eq!(fs::read(etc.join(".layerfs-tmp.zz.1")).unwrap(), b"theirs");
     // The mount still works.
     fs::write(etc.join("ok"), "ok").unwrap();
 }
