@@ -28,7 +28,7 @@ pub enum Command {
     /// object that is not shown is not ready.
     Status(ControlArgs),
     /// Run a refresh round on a running mount now, and show what it changed.
-    Refresh(ControlArgs),
+    Refresh(RefreshArgs),
     /// List a running mount's ready layers.
     Layers(ControlArgs),
     /// List a running mount's ready images.
@@ -137,6 +137,16 @@ pub struct ControlArgs {
     pub json: bool,
     /// The mount to ask.
     pub mountpoint: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct RefreshArgs {
+    /// The remote was emptied on purpose: take a scan that finds no layers or images as
+    /// the truth, instead of as a share that went away.
+    #[arg(long)]
+    pub accept_empty: bool,
+    #[command(flatten)]
+    pub control: ControlArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -22,6 +22,8 @@ mount options (-o a,b=c,...):
   ro | rw              mount read-only or read-write [rw]
   suid | dev           honour set-user-ID bits / device nodes in the view [nosuid,nodev]
   threads=N            threads serving requests [twice the CPUs, at least 4]
+  remote_threads=N     threads serving the requests that need the remote, which wait
+                       for it as on an NFS hard mount while the others go on [32]
   refresh=SECS         seconds between refresh rounds of the remote; 0 = only on demand
                        (`layerfs refresh`, SIGUSR1); a suffix s or ms is accepted [5]
   scan_timeout=SECS    how long a scan of the remote may take before the remote counts
@@ -54,6 +56,7 @@ pub struct MountConfig {
     pub dev: bool,
     pub foreground: bool,
     pub threads: usize,
+    pub remote_threads: usize,
     pub passthrough: bool,
     pub entry_timeout: Duration,
     pub attr_timeout: Duration,
@@ -85,11 +88,11 @@ impl Default for MountConfig {
             suid: false,
             dev: false,
             foreground: false,
-            // A request that reads a stalled remote holds its thread until the remote
-            // answers; more threads than CPUs keep local paths served meanwhile.
             threads: std::thread::available_parallelism()
                 .map_or(4, |n| n.get() * 2)
                 .clamp(4, 64),
+            // As many calls as may be outstanding on the remote at once.
+            remote_threads: 32,
             passthrough: true,
             entry_timeout: Duration::from_secs(3600),
             attr_timeout: Duration::from_secs(3600),
@@ -151,6 +154,12 @@ impl MountConfig {
                 self.threads = match need(v)?.parse::<usize>() {
                     Ok(n) if (1..=256).contains(&n) => n,
                     _ => return Err(bad(opt, "must be a number from 1 to 256")),
+                }
+            }
+            ("remote_threads", v) => {
+                self.remote_threads = match need(v)?.parse::<usize>() {
+                    Ok(n) if (1..=1024).contains(&n) => n,
+                    _ => return Err(bad(opt, "must be a number from 1 to 1024")),
                 }
             }
             ("entry_timeout", v) => self.entry_timeout = parse_secs(opt, &need(v)?)?,

@@ -19,7 +19,7 @@ fn main() -> ExitCode {
             .and_then(mount),
         Command::Csi(args) => csi(args.into_config()),
         Command::Status(args) => control(Op::Status, args),
-        Command::Refresh(args) => control(Op::Refresh, args),
+        Command::Refresh(args) => refresh(args),
         Command::Layers(args) => control(Op::Layers, args),
         Command::Images(args) => control(Op::Images, args),
         Command::Umount(args) => layerfs::control::umount::umount(
@@ -75,6 +75,16 @@ fn mount(config: MountConfig) -> anyhow::Result<()> {
 /// `layerfs status|refresh|layers|images`: prints the mount's answer.
 fn control(op: Op, args: ControlArgs) -> anyhow::Result<()> {
     print(layerfs::control::command(&args.mountpoint, op, args.json)?)
+}
+
+/// `layerfs refresh [--accept-empty]`.
+fn refresh(args: layerfs::cli::RefreshArgs) -> anyhow::Result<()> {
+    let reply = layerfs::control::refresh(
+        &args.control.mountpoint,
+        args.accept_empty,
+        args.control.json,
+    )?;
+    print(reply)
 }
 
 /// `layerfs quota set|get|list|clear`.

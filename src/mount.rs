@@ -84,7 +84,16 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         entry: config.entry_timeout,
         attr: config.attr_timeout,
     };
-    let fs = LayerFs::new(view.clone(), timeouts, config.passthrough);
+    let fs = LayerFs::new(
+        view.clone(),
+        timeouts,
+        config.passthrough,
+        config.remote_threads,
+    )
+    .map_err(|source| Error::Mount {
+        path: config.mountpoint.clone(),
+        source,
+    })?;
     let notices = fs.notices();
 
     let (session, mut unmounter) = open_session(fs, config).map_err(|source| Error::Mount {
@@ -162,6 +171,9 @@ impl MountControl for Control {
     }
     fn refresh(&self) -> RoundReport {
         self.refresh.refresh()
+    }
+    fn refresh_accepting_empty(&self) -> RoundReport {
+        self.refresh.accept_empty()
     }
     fn layers(&self) -> Vec<LayerInfo> {
         self.refresh.layers()

@@ -83,6 +83,16 @@ pub fn command(mountpoint: &Path, op: Op, json: bool) -> Result<Reply, ClientErr
     ask_and_render(&mountpoint, &Request::new(op), json)
 }
 
+/// `layerfs refresh`: runs a round, taking an empty remote as the truth with `accept_empty`.
+pub fn refresh(mountpoint: &Path, accept_empty: bool, json: bool) -> Result<Reply, ClientError> {
+    let mountpoint = client::resolve_mountpoint(mountpoint);
+    let request = Request {
+        accept_empty,
+        ..Request::new(Op::Refresh)
+    };
+    ask_and_render(&mountpoint, &request, json)
+}
+
 fn ask_and_render(mountpoint: &Path, request: &Request, json: bool) -> Result<Reply, ClientError> {
     let socket = socket_path(mountpoint);
     let payload = client::ask_at(mountpoint, &socket, request)?;

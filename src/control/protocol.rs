@@ -63,6 +63,9 @@ pub struct Request {
     /// `quota_set`: an optional limit on the number of inodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inodes: Option<u64>,
+    /// `refresh`: the remote was emptied on purpose; take an empty scan as the truth.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accept_empty: bool,
 }
 
 impl Request {
@@ -72,6 +75,7 @@ impl Request {
             path: None,
             size: None,
             inodes: None,
+            accept_empty: false,
         }
     }
 }
@@ -186,6 +190,9 @@ pub fn answer(handle: &dyn MountControl, line: &[u8], admin: bool) -> Vec<u8> {
 fn payload(handle: &dyn MountControl, request: &Request) -> Result<Value, String> {
     let encoded = match request.op {
         Op::Status => serde_json::to_value(handle.status()),
+        Op::Refresh if request.accept_empty => {
+            serde_json::to_value(handle.refresh_accepting_empty())
+        }
         Op::Refresh => serde_json::to_value(handle.refresh()),
         Op::Layers => serde_json::to_value(handle.layers()),
         Op::Images => serde_json::to_value(handle.images()),

@@ -1,4 +1,6 @@
 //! The FUSE glue: each request becomes one call on the [`View`], each `Errno` a reply.
+//! Requests that may wait on the remote are served on the remote pool ([`remote`]), the
+//! rest on the FUSE thread that read them ([`dispatch`]).
 //!
 //! Caching is deliberate. Every change to local goes through this daemon, and the kernel
 //! updates its own caches for the changes it asks for; the remote is read-only between
@@ -8,9 +10,13 @@
 
 pub mod attr;
 pub mod backing;
+mod dispatch;
+
+pub use dispatch::LayerFs;
 pub mod handles;
 pub mod kernel_mount;
 pub mod notify;
+pub mod remote;
 pub mod trim;
 
 use std::ffi::OsStr;
@@ -21,9 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
+    FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek,
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use nix::errno::Errno;
@@ -55,7 +60,8 @@ impl Default for Timeouts {
     }
 }
 
-pub struct LayerFs {
+/// What serves requests: shared by the FUSE threads and the remote pool (see [`dispatch`]).
+pub struct Core {
     view: Arc<View>,
     handles: HandleTable,
     backing: BackingTable,
@@ -65,9 +71,9 @@ pub struct LayerFs {
     notices: Arc<Notices>,
 }
 
-impl LayerFs {
-    pub fn new(view: Arc<View>, timeouts: Timeouts, passthrough: bool) -> LayerFs {
-        LayerFs {
+impl Core {
+    fn new(view: Arc<View>, timeouts: Timeouts, passthrough: bool) -> Core {
+        Core {
             view,
             handles: HandleTable::new(),
             backing: BackingTable::default(),
@@ -179,7 +185,35 @@ impl LayerFs {
     }
 }
 
-fn caller(req: &Request) -> Caller {
+/// Who sent a request, kept beyond it: a request handed to the remote pool outlives the
+/// `Request` it came with.
+#[derive(Debug, Clone, Copy)]
+pub struct Who {
+    uid: u32,
+    gid: u32,
+    pid: u32,
+}
+
+impl Who {
+    fn of(req: &Request) -> Who {
+        Who {
+            uid: req.uid(),
+            gid: req.gid(),
+            pid: req.pid(),
+        }
+    }
+    fn uid(&self) -> u32 {
+        self.uid
+    }
+    fn gid(&self) -> u32 {
+        self.gid
+    }
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+fn caller(req: Who) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
@@ -190,7 +224,7 @@ fn caller(req: &Request) -> Caller {
 
 /// The caller of a request that creates an object with `umask` (the kernel leaves applying
 /// it to the daemon: `FUSE_DONT_MASK`).
-fn creator(req: &Request, umask: u32) -> Caller {
+fn creator(req: Who, umask: u32) -> Caller {
     Caller {
         umask: Some(umask),
         ..caller(req)
@@ -240,8 +274,8 @@ macro_rules! tri {
     };
 }
 
-impl Filesystem for LayerFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+impl Core {
+    fn init(&self, config: &mut KernelConfig) -> std::io::Result<()> {
         let offered = config.capabilities();
         let wanted = [
             // Lookups and readdirs of one directory may run in parallel: the view is
@@ -286,7 +320,7 @@ impl Filesystem for LayerFs {
         Ok(())
     }
 
-    fn destroy(&mut self) {
+    fn destroy(&self) {
         // The last request of an unmount: what was written through the view reaches the
         // disk before the daemon says it is done.
         match self.view.sync_local() {
@@ -295,7 +329,7 @@ impl Filesystem for LayerFs {
         }
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.view.lookup(parent.0, name) {
             Ok(entry) => self.reply_entry(reply, &entry),
             // A negative entry: the kernel remembers the name is absent. Names appear only
@@ -310,11 +344,11 @@ impl Filesystem for LayerFs {
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+    fn forget(&self, ino: INodeNo, nlookup: u64) {
         self.view.inodes.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, ino: INodeNo, reply: ReplyAttr) {
         let node = tri!(reply, self.view.node(ino.0));
         // A node holds its object: attributes stay readable when its name is gone, and
         // are the copy's once a remote file open through `fh` was copied up.
@@ -324,38 +358,21 @@ impl Filesystem for LayerFs {
 
     fn setattr(
         &self,
-        req: &Request,
+        req: Who,
         ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
+        set: SetAttr,
         ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
         let node = tri!(reply, self.view.node(ino.0));
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(time),
-            mtime: mtime.map(time),
-        };
         let who = caller(req);
         // A SETATTR that changes nothing is the kernel asking for the set-ID bits to go (see
         // `init`: a write, fallocate or copy by a caller without CAP_FSETID, or a chown).
         let kill = set.is_empty() && ctime.is_none();
         // A truncate by an unprivileged caller clears them as a write does (the kernel's
         // flag for it is not passed on by the FUSE library).
-        if kill || (size.is_some() && who.uid != 0) {
+        if kill || (set.size.is_some() && who.uid != 0) {
             tri!(reply, self.view.drop_privileges(&node, who));
         }
         let handle = fh.and_then(|fh| self.handles.file(fh.0));
@@ -368,7 +385,7 @@ impl Filesystem for LayerFs {
         reply.attr(&self.attr_ttl(&node), &file_attr(&st));
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, ino: INodeNo, reply: ReplyData) {
         let node = tri!(reply, self.view.node(ino.0));
         let target = tri!(reply, self.view.readlink(&node));
         reply.data(&target);
@@ -376,51 +393,35 @@ impl Filesystem for LayerFs {
 
     fn mknod(
         &self,
-        req: &Request,
+        who: Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let entry = tri!(
-            reply,
-            self.view
-                .mknod(parent.0, name, mode, rdev, creator(req, umask))
-        );
+        let entry = tri!(reply, self.view.mknod(parent.0, name, mode, rdev, who));
         self.reply_entry(reply, &entry);
     }
 
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let entry = tri!(
-            reply,
-            self.view.mkdir(parent.0, name, mode, creator(req, umask))
-        );
+    fn mkdir(&self, who: Caller, parent: INodeNo, name: &OsStr, mode: u32, reply: ReplyEntry) {
+        let entry = tri!(reply, self.view.mkdir(parent.0, name, mode, who));
         self.reply_entry(reply, &entry);
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         tri!(reply, self.view.unlink(parent.0, name));
         reply.ok();
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         tri!(reply, self.view.rmdir(parent.0, name));
         reply.ok();
     }
 
     fn symlink(
         &self,
-        req: &Request,
+        req: Who,
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
@@ -436,7 +437,6 @@ impl Filesystem for LayerFs {
 
     fn rename(
         &self,
-        _req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -452,19 +452,12 @@ impl Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
+    fn link(&self, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let entry = tri!(reply, self.view.link(ino.0, newparent.0, newname));
         self.reply_entry(reply, &entry);
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: Who, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let node = tri!(reply, self.view.node(ino.0));
         let (fd, layer) = tri!(reply, self.view.open(&node, flags.0));
         // `FUSE_ATOMIC_O_TRUNC`: the kernel leaves the set-ID bits of a truncating open to us.
@@ -496,17 +489,7 @@ impl Filesystem for LayerFs {
         }
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    fn read(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
         let handle = tri!(reply, self.file(fh));
         let Some(file) = handle.as_file() else {
             return reply.error(fuser::Errno::EBADF);
@@ -532,14 +515,11 @@ impl Filesystem for LayerFs {
 
     fn write(
         &self,
-        req: &Request,
-        _ino: INodeNo,
+        req: Who,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let handle = tri!(reply, self.file(fh));
@@ -560,29 +540,7 @@ impl Filesystem for LayerFs {
         reply.written(done as u32);
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        // Nothing is buffered here and POSIX locks stay in the kernel, so a close needs no
-        // round trip: ENOSYS tells the kernel never to send FLUSH again.
-        reply.error(fuser::Errno::ENOSYS);
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn release(&self, fh: FileHandle, reply: ReplyEmpty) {
         if let Some(handle) = self.handles.remove(fh.0) {
             if let Some(file) = handle.as_file() {
                 self.backing.release(file.node.ino);
@@ -602,14 +560,7 @@ impl Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn fsync(&self, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let handle = tri!(reply, self.file(fh));
         let Some(file) = handle.as_file() else {
             return reply.error(fuser::Errno::EBADF);
@@ -624,7 +575,7 @@ impl Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, ino: INodeNo, reply: ReplyOpen) {
         let node = tri!(reply, self.view.node(ino.0));
         if !node.is_dir() {
             return reply.error(fuser::Errno::ENOTDIR);
@@ -636,14 +587,7 @@ impl Filesystem for LayerFs {
         reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+    fn readdir(&self, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let Some(handle) = self.handles.get(fh.0) else {
             return reply.error(fuser::Errno::EBADF);
         };
@@ -686,26 +630,12 @@ impl Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
+    fn releasedir(&self, fh: FileHandle, reply: ReplyEmpty) {
         self.handles.remove(fh.0);
         reply.ok();
     }
 
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn fsyncdir(&self, ino: INodeNo, datasync: bool, reply: ReplyEmpty) {
         let node = tri!(reply, self.view.node(ino.0));
         if let Some(local) = node.dir_fds().local {
             let dir = tri!(
@@ -725,7 +655,7 @@ impl Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, ino: INodeNo, reply: ReplyStatfs) {
         let node = tri!(reply, self.view.node(ino.0));
         let s = tri!(reply, self.view.statfs_at(&node));
         reply.statfs(
@@ -742,12 +672,11 @@ impl Filesystem for LayerFs {
 
     fn setxattr(
         &self,
-        req: &Request,
+        req: Who,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
         flags: i32,
-        _position: u32,
         reply: ReplyEmpty,
     ) {
         let node = tri!(reply, self.view.node(ino.0));
@@ -758,25 +687,25 @@ impl Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let node = tri!(reply, self.view.node(ino.0));
         let value = tri!(reply, self.view.getxattr(&node, name));
         reply_sized(reply, &value, size);
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let node = tri!(reply, self.view.node(ino.0));
         let names = tri!(reply, self.view.listxattr(&node));
         reply_sized(reply, &names, size);
     }
 
-    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: Who, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let node = tri!(reply, self.view.node(ino.0));
         tri!(reply, self.view.removexattr(&node, name, caller(req)));
         reply.ok();
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, ino: INodeNo, reply: ReplyEmpty) {
         // default_permissions: the kernel checks permissions itself.
         tri!(reply, self.view.node(ino.0));
         reply.ok();
@@ -784,24 +713,19 @@ impl Filesystem for LayerFs {
 
     fn create(
         &self,
-        req: &Request,
+        who: Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let (entry, fd) = tri!(
-            reply,
-            self.view
-                .create(parent.0, name, mode, flags, creator(req, umask))
-        );
+        let (entry, fd) = tri!(reply, self.view.create(parent.0, name, mode, flags, who));
         let layer = crate::view::Layer::Local;
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let grant = self
             .grant(&entry.node, &fd, layer, writes, |fd| {
-                backing_as(caller(req), layer, || reply.open_backing(fd))
+                backing_as(who, layer, || reply.open_backing(fd))
             })
             // A new object has no other open to be bound to.
             .unwrap_or(Grant::Uncached);
@@ -821,8 +745,7 @@ impl Filesystem for LayerFs {
 
     fn fallocate(
         &self,
-        req: &Request,
-        _ino: INodeNo,
+        req: Who,
         fh: FileHandle,
         offset: u64,
         length: u64,
@@ -847,15 +770,7 @@ impl Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
+    fn lseek(&self, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
         let handle = tri!(reply, self.file(fh));
         let Some(file) = handle.as_file() else {
             return reply.error(fuser::Errno::EBADF);
@@ -867,35 +782,16 @@ impl Filesystem for LayerFs {
         reply.offset(pos);
     }
 
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        // No ioctls are served: "not a terminal/not supported" is what callers probing
-        // for inode flags (overlayfs copy-up, chattr) expect to handle.
-        reply.error(fuser::Errno::from_i32(libc::ENOTTY));
-    }
-
+    /// `from` and `to`: an open file and an offset in it.
     fn copy_file_range(
         &self,
-        req: &Request,
-        _ino_in: INodeNo,
-        fh_in: FileHandle,
-        offset_in: u64,
-        _ino_out: INodeNo,
-        fh_out: FileHandle,
-        offset_out: u64,
+        req: Who,
+        from: (FileHandle, u64),
+        to: (FileHandle, u64),
         len: u64,
-        _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        let ((fh_in, offset_in), (fh_out, offset_out)) = (from, to);
         let (src, dst) = (
             tri!(reply, self.file(fh_in)),
             tri!(reply, self.file(fh_out)),

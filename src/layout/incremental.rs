@@ -183,6 +183,16 @@ impl Scanner {
     /// scan, so the caller keeps the index it has and skips the readiness rules, the diff
     /// and the swap: what makes an idle round cost little more than the `lstat`s above.
     /// `force` asks for an index regardless (the caller no longer has the last one).
+    /// The remote root this scanner reads.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The storage driver whose areas it reads.
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
     pub fn scan_if_changed(&mut self, force: bool) -> Result<Option<LayoutIndex>, ScanFailure> {
         let first = self.scans == 0;
         let valid = self.refresh()?;

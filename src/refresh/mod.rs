@@ -20,7 +20,7 @@
 //! filesystem ([`watch`]). Requests reach the thread through a `crossbeam-channel`; an
 //! on-demand request carries the channel its [`RoundReport`] goes back on.
 //!
-//! # A remote that does not answer
+//! # A remote that does not answer, is replaced, or vanishes
 //!
 //! The scan itself runs on a separate, disposable thread, and the refresher waits for it at
 //! most `scan_timeout`. A scan that does not come back in time (an NFS server that stopped
@@ -30,17 +30,23 @@
 //! - the remote is marked unhealthy, with the time it became so and the error, in `status`;
 //! - the last good index stays in place (or, with `hide_unhealthy`, an empty one is swapped
 //!   in and the remote objects disappear from the view until the remote is back);
-//! - directories above the shared areas stop asking the remote (see
-//!   [`View::set_remote_available`]), so listing the root or `overlay/` does not hang;
 //! - a scan thread that is stuck is abandoned, never joined; while it stays stuck, later
 //!   rounds fail at once instead of stacking more stuck threads on the dead mount. When it
 //!   returns, the next round scans again, and the first good scan makes the remote healthy.
 //!
-//! What is guaranteed: the refresher thread and the control socket never wait on the remote
-//! longer than `scan_timeout`, and requests for local paths never touch the remote at all.
-//! What is not: a request that reads remote content (a file in a remote layer) goes to the
-//! remote, and waits for it as any NFS client would. Such requests tie up a serving thread
-//! each, which is why a mount serves with several (`threads`); the rest keep serving.
+//! Each scan also opens the remote root afresh and reads what it is ([`anchor`]): the device
+//! and inode of the root and of the areas. A round whose remote is empty while the view
+//! shows objects fails the same way ("vanished": an unmounted share leaves its empty mount
+//! directory behind), unless the operator said the remote was emptied on purpose
+//! ([`RefreshHandle::accept_empty`]). A round whose root or areas are other directories
+//! than in the last accepted round hands the fresh root to the view, which detaches every
+//! node of a shared object, and drops their names from the kernel's cache: the next lookup
+//! opens the new tree ([`View::replace_remote`]).
+//!
+//! The refresher thread and the control socket never wait on the remote longer than
+//! `scan_timeout`. Requests never wait on it unless they need remote data: those run on the
+//! remote pool (see `fs::remote`), and everything else (the root, the layout directories,
+//! which are listed from the index, container directories) never touches the remote.
 //!
 //! # Not-ready objects
 //!
@@ -48,6 +54,7 @@
 //! writer finishes). Each is logged when it becomes not ready or its reason changes, and
 //! once more when it becomes ready or goes away: not once per round.
 
+pub mod anchor;
 pub mod diff;
 pub mod invalidate;
 pub mod report;
@@ -56,6 +63,7 @@ pub mod watch;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -66,6 +74,7 @@ use tracing::{debug, info, warn};
 
 use crate::layout::{LayoutIndex, Scanner};
 use crate::view::View;
+use anchor::{Anchor, Probed};
 use diff::Diff;
 use invalidate::Kernel;
 use report::{
@@ -115,6 +124,12 @@ pub trait Source: Send + 'static {
     /// The new index, or `None` when nothing changed since the last one returned (only
     /// allowed when `force` is false).
     fn scan(&mut self, force: bool) -> Result<Option<LayoutIndex>, String>;
+
+    /// The remote root opened afresh, with its identity (see [`anchor`]); `None` for a
+    /// source that is not a tree.
+    fn anchor(&mut self) -> Option<Result<Probed, String>> {
+        None
+    }
 }
 
 impl Source for Scanner {
@@ -128,6 +143,10 @@ impl Source for Scanner {
             "remote scanned"
         );
         result
+    }
+
+    fn anchor(&mut self) -> Option<Result<Probed, String>> {
+        Some(Anchor::probe(self.root(), self.driver()))
     }
 }
 
@@ -151,6 +170,8 @@ struct State {
 /// shared state and the view's index, without ever touching the remote itself.
 pub struct RefreshHandle {
     tx: Sender<Request>,
+    /// The operator said an empty remote is what they want (see [`RefreshHandle::accept_empty`]).
+    accept_empty: Arc<AtomicBool>,
     state: Arc<Mutex<State>>,
     view: Arc<View>,
     info: MountInfo,
@@ -166,6 +187,13 @@ impl RefreshHandle {
     /// Asks for a round without waiting for it (`SIGUSR1`, inotify).
     pub fn trigger(&self) {
         let _ = self.tx.send(Request::Round(None));
+    }
+
+    /// Runs a round that accepts an empty remote tree where there were objects: the operator
+    /// says the remote was emptied on purpose, not lost (see [`Refresher::round`]).
+    pub fn accept_empty(&self) -> RoundReport {
+        self.accept_empty.store(true, AtomicOrdering::Relaxed);
+        self.refresh()
     }
 
     /// Asks the refresher thread to stop after its current round.
@@ -209,6 +237,10 @@ impl MountControl for RefreshHandle {
             last_round: state.last_round.clone(),
             quotas: Vec::new(),
         }
+    }
+
+    fn refresh_accepting_empty(&self) -> RoundReport {
+        self.accept_empty()
     }
 
     fn refresh(&self) -> RoundReport {
@@ -262,7 +294,15 @@ enum Slot {
     },
 }
 
-type ScanDone = (Box<dyn Source>, Result<Option<LayoutIndex>, String>);
+/// What a scan thread brings back: the source, the remote root it opened (with what it
+/// is) and the scan's result.
+type ScanDone = (Box<dyn Source>, Result<Scanned, String>);
+
+/// A scan's result: the new index (`None`: nothing changed) and the remote root as it is now.
+struct Scanned {
+    index: Option<LayoutIndex>,
+    probed: Option<Probed>,
+}
 
 /// The refresh engine: owns the scan source and runs rounds. Built before the mount (its
 /// first round gives the view its index), then moved onto its own thread by [`start`].
@@ -281,6 +321,9 @@ pub struct Refresher {
     reasons: BTreeMap<(Kind, String), String>,
     /// Whether the empty index stands in for a failed remote (`hide_unhealthy`).
     hidden: bool,
+    /// What the remote was in the last accepted round.
+    anchor: Option<Anchor>,
+    accept_empty: Arc<AtomicBool>,
     /// The next scan must yield an index even if nothing changed (first round, after a
     /// failure).
     force: bool,
@@ -307,8 +350,10 @@ impl Refresher {
             socket: String::new(),
         }));
         let remote = info.remote.clone();
+        let accept_empty = Arc::new(AtomicBool::new(false));
         let handle = Arc::new(RefreshHandle {
             tx,
+            accept_empty: accept_empty.clone(),
             state: state.clone(),
             view: view.clone(),
             info,
@@ -325,6 +370,8 @@ impl Refresher {
             remote,
             reasons: BTreeMap::new(),
             hidden: false,
+            anchor: None,
+            accept_empty,
             force: true,
             watcher: None,
         }
@@ -395,7 +442,7 @@ impl Refresher {
     pub fn round(&mut self) -> RoundReport {
         let started = SystemTime::now();
         let clock = Instant::now();
-        let scanned = self.scan();
+        let scanned = self.scan().and_then(|scanned| self.accept(scanned));
         let (diff, error) = match scanned {
             Ok(None) => {
                 self.set_health(true, None);
@@ -404,11 +451,6 @@ impl Refresher {
             Ok(Some(index)) => {
                 self.force = false;
                 self.set_health(true, None);
-                self.view.set_remote_available(true);
-                let reanchored = self.view.reanchor_remote(&self.remote);
-                if reanchored > 0 {
-                    debug!(reanchored, "remote directories re-opened");
-                }
                 let old = if self.hidden {
                     Arc::new(LayoutIndex::default())
                 } else {
@@ -427,7 +469,6 @@ impl Refresher {
             Err(error) => {
                 self.force = true;
                 self.set_health(false, Some(error.clone()));
-                self.view.set_remote_available(false);
                 let mut diff = Diff::default();
                 if self.options.hide_unhealthy && !self.hidden {
                     let empty = LayoutIndex::default();
@@ -478,6 +519,63 @@ impl Refresher {
         report
     }
 
+    /// Decides what a scan that came back means for the view. A remote that is empty where
+    /// the view has objects is taken for a share that went away (its empty mount directory
+    /// left behind), not for one emptied on purpose, unless the operator said so: it fails
+    /// the round, so the last good view stays. A remote whose root or areas are other
+    /// directories than in the last accepted round was replaced: the view re-opens it and
+    /// the kernel drops every name it cached below the shared areas.
+    fn accept(&mut self, scanned: Scanned) -> Result<Option<LayoutIndex>, String> {
+        let Scanned { index, probed } = scanned;
+        let accept_empty = self.accept_empty.swap(false, AtomicOrdering::Relaxed);
+        if let Some(index) = &index {
+            let had = self.view.index();
+            let (layers, images) = (had.layers().count(), had.images().count());
+            if is_empty(index) && layers + images > 0 && !self.hidden && !accept_empty {
+                self.force = true;
+                return Err(format!(
+                    "remote vanished: {} holds no layers or images where {layers} layers and \
+                     {images} images were (an unmounted share?); the last good view stays. \
+                     If the remote was emptied on purpose, run `layerfs refresh --accept-empty {}`",
+                    self.remote.display(),
+                    self.handle.info.mountpoint.display(),
+                ));
+            }
+        }
+        if let Some(probed) = probed {
+            let replaced = self.anchor.and_then(|was| was.replaced_by(&probed.anchor));
+            if let Some(why) = replaced {
+                warn!(remote = %self.remote.display(), %why, "remote replaced: re-opening it");
+                let names = self.view.replace_remote(probed.root, probed.anchor.root.0);
+                self.drop_names(&names);
+                // The next scans must not trust what they cached of the old tree.
+                self.force = true;
+            }
+            self.anchor = Some(probed.anchor);
+        }
+        Ok(index)
+    }
+
+    /// Tells the kernel to drop the names `names` (parent, name) and what it cached of the
+    /// layout directories holding them.
+    fn drop_names(&self, names: &[(u64, std::ffi::OsString)]) {
+        let Some(kernel) = &self.kernel else {
+            return;
+        };
+        let mut parents = std::collections::HashSet::new();
+        for (parent, name) in names {
+            let _ = kernel.inval_entry(*parent, name);
+            parents.insert(*parent);
+        }
+        for parent in parents {
+            let _ = kernel.inval_inode(parent);
+        }
+        debug!(
+            names = names.len(),
+            "names below the replaced remote dropped"
+        );
+    }
+
     fn invalidate(&self, diff: &Diff) {
         if let Some(kernel) = &self.kernel {
             let sent = invalidate::apply(&self.view, diff, kernel.as_ref());
@@ -493,7 +591,7 @@ impl Refresher {
     }
 
     /// Runs the scan on a disposable thread, waiting at most the scan timeout.
-    fn scan(&mut self) -> Result<Option<LayoutIndex>, String> {
+    fn scan(&mut self) -> Result<Scanned, String> {
         let source = match self.slot.take() {
             Some(Slot::Idle(source)) => source,
             Some(Slot::Busy { rx, since }) => match rx.try_recv() {
@@ -518,8 +616,12 @@ impl Refresher {
             .name("refresh-scan".into())
             .spawn(move || {
                 let mut source = source;
-                let result = catch_unwind(AssertUnwindSafe(|| source.scan(force)))
-                    .unwrap_or_else(|_| Err("the scan panicked".to_owned()));
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    let probed = source.anchor().transpose()?;
+                    let index = source.scan(force)?;
+                    Ok(Scanned { index, probed })
+                }))
+                .unwrap_or_else(|_| Err("the scan panicked".to_owned()));
                 let _ = tx.send((source, result));
             });
         if let Err(e) = worker {
@@ -588,6 +690,13 @@ impl Refresher {
         }
         self.reasons = now;
     }
+}
+
+/// An index of nothing at all: no object, ready or not.
+fn is_empty(index: &LayoutIndex) -> bool {
+    index.layers().next().is_none()
+        && index.images().next().is_none()
+        && index.not_ready().is_empty()
 }
 
 fn not_ready_refs(index: &LayoutIndex) -> Vec<NotReadyRef> {

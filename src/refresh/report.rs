@@ -127,6 +127,11 @@ pub trait MountControl: Send + Sync {
     /// Runs a refresh round now and reports it (a round already running is waited for,
     /// within the scan timeout).
     fn refresh(&self) -> RoundReport;
+    /// Like [`MountControl::refresh`], taking an empty remote as emptied on purpose rather
+    /// than lost.
+    fn refresh_accepting_empty(&self) -> RoundReport {
+        self.refresh()
+    }
     /// The ready layers, sorted by id.
     fn layers(&self) -> Vec<LayerInfo>;
     /// The ready images, sorted by id.

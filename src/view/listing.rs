@@ -11,7 +11,7 @@ use nix::errno::Errno;
 
 use super::inodes::Identity;
 use super::node::{DirFds, Node};
-use super::{marker, View, Zone};
+use super::{marker, remote_error, View, Zone};
 use crate::store::{self, Kind};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,12 +83,37 @@ impl View {
                 });
             }
         }
-        if let Some(remote) = fds.remote().filter(|_| self.remote_reachable(zone)) {
-            let dev = store::stat_fd(remote.as_fd())?.st_dev;
-            for e in store::read_dir(remote)? {
-                if !self.layout.remote_visible(zone, &e.name, &index)
-                    || (zone != Zone::Shared && e.kind != Kind::Dir)
-                {
+        // The shared objects of an area come from the index, numbered by their place (see
+        // `View::build`): listing an area never waits on the remote.
+        for id in self.layout.shared_ids(zone, &index) {
+            let name = OsString::from(id);
+            let ino = self.inodes.listed_number(&Identity::Virtual {
+                parent: ino,
+                name: name.clone(),
+            });
+            match seen.get(&name) {
+                Some(&at) if at != usize::MAX => {
+                    let merges = out[at].kind == Kind::Dir
+                        && fds.local().is_some_and(|local| !is_opaque_at(local, &name));
+                    if merges {
+                        out[at].ino = ino;
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    seen.insert(name.clone(), out.len());
+                    out.push(ListEntry {
+                        name,
+                        kind: Kind::Dir,
+                        ino,
+                    });
+                }
+            }
+        }
+        if let Some(remote) = fds.remote().filter(|_| zone == Zone::Shared) {
+            let dev = store::stat_fd(remote.as_fd()).map_err(remote_error)?.st_dev;
+            for e in store::read_dir(remote).map_err(remote_error)? {
+                if !self.layout.remote_visible(zone, &e.name, &index) {
                     continue;
                 }
                 let remote_id = Identity::Remote { dev, ino: e.ino };

@@ -44,6 +44,7 @@ pub mod namespace;
 pub mod node;
 pub mod quota;
 pub mod refresh;
+pub mod route;
 pub mod zone;
 
 use std::ffi::{CStr, OsStr, OsString};
@@ -131,9 +132,9 @@ pub struct View {
     /// The numbers handed out for the layout's fixed directories, by zone: the parents a
     /// refresh invalidates names in (see [`refresh`]).
     skeleton: parking_lot::Mutex<std::collections::HashMap<Zone, Vec<u64>>>,
-    /// Cleared while the remote does not answer: directories above the shared areas then
-    /// stop asking it (see [`View::set_remote_available`]).
-    remote_available: std::sync::atomic::AtomicBool,
+    /// The remote tree's root. Only the shared areas below it are ever opened, from here
+    /// (see [`View::remote_area`]); replaced when the remote is (see [`refresh`]).
+    remote_root: RwLock<Arc<OwnedFd>>,
     pub inodes: InodeTable,
     /// The quota roots; set `quotas` before serving to choose the errno of a full root.
     pub quotas: Quotas,
@@ -167,10 +168,11 @@ impl View {
         virtual_base.st_atime_nsec = 0;
         let remote_dev = store::stat_fd(remote_root.as_fd()).map_or(0, |st| st.st_dev);
         let local_root = Arc::new(local_root);
-        let remote_root = Arc::new(remote_root);
+        // The root and the layout directories above the shared areas hold no remote handle:
+        // their entries come from local and the index, so no request there waits on the
+        // remote.
         let mut state = NodeState::new(Layer::Local);
         state.local = Some(local_root.clone());
-        state.remote = Some(remote_root.clone());
         let root = Node::new(ROOT_INO, Kind::Dir, Zone::Root, state);
         let inodes = InodeTable::new(
             root,
@@ -182,7 +184,7 @@ impl View {
             layout,
             index: RwLock::new(Arc::new(index)),
             skeleton: Default::default(),
-            remote_available: std::sync::atomic::AtomicBool::new(true),
+            remote_root: RwLock::new(Arc::new(remote_root)),
             inodes,
             quotas: Quotas::new(Errno::ENOSPC),
             local_root,
@@ -253,18 +255,15 @@ impl View {
         index: &LayoutIndex,
         probe: Probe,
     ) -> Result<Option<(Option<OwnedFd>, Stat)>, Errno> {
-        let Some(remote) = fds.remote() else {
-            return Ok(None);
-        };
-        if !self.remote_reachable(parent.zone) {
-            return Ok(None);
-        }
         if !self.layout.remote_visible(parent.zone, name, index) {
             return Ok(None);
         }
-        match probe_entry(remote, c, probe)? {
-            // Above the shared areas only real directories count: a remote symlink named
-            // like a layer must not turn into one.
+        let Some(remote) = self.remote_dir(parent, fds)? else {
+            return Ok(None);
+        };
+        match probe_entry(remote.as_fd(), c, probe).map_err(remote_error)? {
+            // In the areas only real directories count: a remote symlink named like a
+            // layer must not turn into one.
             Some((_, st))
                 if parent.zone != Zone::Shared && Kind::from_mode(st.st_mode) != Kind::Dir =>
             {
@@ -272,6 +271,38 @@ impl View {
             }
             other => Ok(other),
         }
+    }
+
+    /// The remote directory whose entries show in `parent`: its own remote part inside a
+    /// shared object; for an area listing the shared objects (`RO/`, `<driver>-images/`),
+    /// that area, opened from the remote root; nothing elsewhere.
+    fn remote_dir(&self, parent: &Node, fds: &DirFds) -> Result<Option<Arc<OwnedFd>>, Errno> {
+        match parent.zone {
+            Zone::Shared => Ok(fds.remote.clone()),
+            zone if zone.lists_shared() => Ok(self.remote_area(zone)?.map(Arc::new)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Opens the remote area of a layout directory (`<driver>/RO`, …) from the remote root,
+    /// one component at a time and without following symlinks.
+    fn remote_area(&self, zone: Zone) -> Result<Option<OwnedFd>, Errno> {
+        let root = self.remote_root();
+        let mut dir: Option<OwnedFd> = None;
+        for part in self.layout.remote_area(zone) {
+            let at = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
+            match store::open_dir_at(at, &cname(OsStr::new(part))?) {
+                Ok(fd) => dir = Some(fd),
+                Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
+                Err(e) => return Err(remote_error(e)),
+            }
+        }
+        Ok(dir)
+    }
+
+    /// The remote root in force.
+    pub fn remote_root(&self) -> Arc<OwnedFd> {
+        self.remote_root.read().clone()
     }
 
     /// Whether removing `name` from local would let a remote or synthesized entry show, so
@@ -285,6 +316,10 @@ impl View {
             || self.layout.is_skeleton(parent.zone, name)
         {
             return Ok(true);
+        }
+        // The index says which shared objects the areas hold; no need to ask the remote.
+        if parent.zone.lists_shared() {
+            return Ok(self.layout.remote_visible(parent.zone, name, &index));
         }
         Ok(self
             .remote_entry(parent, &parent.dir_fds(), name, c, &index, Probe::Stat)?
@@ -362,14 +397,25 @@ impl View {
                 (Layer::Local, fd, st)
             }
             Found::Remote { fd, st } => {
-                let dir = fds.remote().ok_or(Errno::ESTALE)?;
-                let (fd, st) = pin(dir, c, fd, st)?;
+                let (fd, st) = match fd {
+                    Some(fd) => (fd, st),
+                    None => {
+                        let dir = self.remote_dir(parent, &fds)?.ok_or(Errno::ESTALE)?;
+                        pin(dir.as_fd(), c, None, st).map_err(remote_error)?
+                    }
+                };
                 (Layer::Remote, fd, st)
             }
         };
         let kind = Kind::from_mode(st.st_mode);
         let mut state = NodeState::new(layer);
-        let mut identities = Vec::with_capacity(2);
+        let mut identities = Vec::with_capacity(3);
+        // A shared object's directory is known by its place in its area (its first
+        // identity, which numbers it): the area's listing can then number it without
+        // asking the remote, and a refresh that removes the object unbinds it.
+        if parent.zone.lists_shared() && kind == Kind::Dir {
+            identities.push(virtual_identity(parent, name));
+        }
         if kind != Kind::Dir {
             identities.push(match layer {
                 Layer::Local => local_identity(&st),
@@ -383,9 +429,11 @@ impl View {
             let merges = zone.merges_remote() && !marker::is_opaque(fd.as_fd());
             // A merged directory is numbered after its remote part (its first identity):
             // copying it up changes nothing the kernel sees.
-            if let Some((remote_fd, remote_st)) =
-                merges.then(|| self.remote_below(parent, name, c)).flatten()
-            {
+            let below = match merges {
+                true => self.remote_below(parent, name, c)?,
+                false => None,
+            };
+            if let Some((remote_fd, remote_st)) = below {
                 identities.push(remote_dir_identity(&remote_st));
                 state.remote = Some(Arc::new(remote_fd));
             }
@@ -401,18 +449,28 @@ impl View {
         Ok((new, Some(st)))
     }
 
-    /// The remote directory a local directory `name` of `parent` merges with, if any.
-    fn remote_below(&self, parent: &Node, name: &OsStr, c: &CStr) -> Option<(OwnedFd, Stat)> {
-        if !self.remote_reachable(parent.zone)
-            || !self.layout.remote_visible(parent.zone, name, &self.index())
-        {
-            return None;
+    /// The remote directory a local directory `name` of `parent` merges with, if any. A
+    /// remote that fails (rather than says "absent") fails the request: a directory built
+    /// without its remote part would hide the remote's entries for as long as it lives.
+    fn remote_below(
+        &self,
+        parent: &Node,
+        name: &OsStr,
+        c: &CStr,
+    ) -> Result<Option<(OwnedFd, Stat)>, Errno> {
+        if !self.layout.remote_visible(parent.zone, name, &self.index()) {
+            return Ok(None);
         }
-        let remote = parent.dir_fds().remote?;
-        // Absent or not a directory remotely: nothing merges.
-        let fd = store::open_dir_at(remote.as_fd(), c).ok()?;
-        let st = store::stat_fd(fd.as_fd()).ok()?;
-        Some((fd, st))
+        let Some(remote) = self.remote_dir(parent, &parent.dir_fds())? else {
+            return Ok(None);
+        };
+        let fd = match store::open_dir_at(remote.as_fd(), c) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(remote_error(e)),
+        };
+        let st = store::stat_fd(fd.as_fd()).map_err(remote_error)?;
+        Ok(Some((fd, st)))
     }
 
     /// Attributes of a node, read fresh from its object (which it holds: also when the
@@ -598,6 +656,27 @@ fn pin(
             let st = store::stat_fd(fd.as_fd())?;
             Ok((fd, st))
         }
+    }
+}
+
+/// What a caller is told of a remote that failed. "Not connected", "stale handle" and the
+/// like describe the network share, not the view, and would make the kernel think the
+/// view's own objects went stale: they become EIO. Never ENOENT, which the kernel would
+/// remember as absence.
+pub fn remote_error(e: Errno) -> Errno {
+    match e {
+        Errno::ENOTCONN
+        | Errno::ESTALE
+        | Errno::ETIMEDOUT
+        | Errno::EHOSTDOWN
+        | Errno::EHOSTUNREACH
+        | Errno::ECONNABORTED
+        | Errno::ECONNRESET
+        | Errno::ECONNREFUSED
+        | Errno::ENETDOWN
+        | Errno::ENETUNREACH
+        | Errno::EREMOTEIO => Errno::EIO,
+        other => other,
     }
 }
 

@@ -1,21 +1,17 @@
 //! What a refresh round needs from the view besides swapping its index: which numbers the
-//! kernel knows the layout's directories and the objects in them by, re-opening the remote
-//! directories under those nodes when the remote was replaced, and keeping requests away
-//! from a remote that does not answer.
+//! kernel knows the layout's directories and the objects in them by, and re-opening the
+//! remote when it was replaced.
 //!
 //! Nothing here creates a node or hands out a number: a refresh only looks at what the
 //! kernel already holds, because only that can be stale in its caches.
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
-use std::os::fd::AsFd;
-use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::inodes::ROOT_INO;
-use super::{marker, open_root, Node, View, Zone};
-use crate::store::{self, cname};
+use super::{Node, View, Zone};
 
 /// The layout directories a refresh can change the entries of, parents before children.
 pub const LAYOUT_DIRS: [Zone; 6] = [
@@ -57,24 +53,6 @@ impl View {
         self.skeleton.lock().get(&zone).cloned().unwrap_or_default()
     }
 
-    /// Whether requests in a directory of `zone` may ask the remote. Inside a shared object
-    /// and in the areas listing them (`RO/`, `<driver>-images/`) they always do: the last
-    /// good view stays in place while the remote does not answer, and these entries are the
-    /// only way into content that exists nowhere else. Above them (the root and the driver
-    /// homes, whose entries the layout gives anyway) only while the remote answers, so that
-    /// listing them does not wait on a stalled remote.
-    pub fn remote_reachable(&self, zone: Zone) -> bool {
-        matches!(
-            zone,
-            Zone::Shared | Zone::DriverRo | Zone::LayersRo | Zone::Images
-        ) || self.remote_available.load(Ordering::Relaxed)
-    }
-
-    /// Marks the remote as answering or not (set by refresh rounds).
-    pub fn set_remote_available(&self, available: bool) {
-        self.remote_available.store(available, Ordering::Relaxed);
-    }
-
     /// The live nodes reachable by a name in one of `parents`, in one pass over the table.
     pub fn live_children(&self, parents: &HashSet<u64>) -> Vec<LiveChild> {
         let mut out = Vec::new();
@@ -103,71 +81,29 @@ impl View {
         self.inodes.unbind_virtual(parent, &name.to_owned());
     }
 
-    /// Re-opens the remote directory of every live layout directory whose remote changed
-    /// identity: a remote area created after the directory was first looked up (a writer
-    /// that pulled its first image after this host mounted), deleted and re-created, or a
-    /// remote root replaced under the same path (an NFS remount). Returns how many nodes
-    /// were re-anchored.
-    pub fn reanchor_remote(&self, remote_root: &Path) -> usize {
-        let mut changed = 0;
-        if let (Some(root), Ok(fd)) = (self.inodes.get(ROOT_INO), open_root(remote_root)) {
-            let dev = store::stat_fd(fd.as_fd()).map(|st| st.st_dev);
-            if replace_remote(&root, Some(fd)) {
-                if let Ok(dev) = dev {
-                    self.inodes.set_remote_dev(dev);
-                }
-                tracing::warn!(remote = %remote_root.display(), "remote root replaced: re-opened");
-                changed += 1;
-            }
-        }
-        for zone in LAYOUT_DIRS {
-            if !zone.merges_remote() {
+    /// The remote root was replaced (deleted and written again, or another filesystem
+    /// mounted on its path): from now on the shared areas are opened from `fresh`. Every
+    /// live node of a shared object loses its identities, so the next lookup of its name
+    /// makes a new node over the new tree. Returns the names the kernel must drop: those of
+    /// the shared objects' directories in their areas (dropping a directory's name drops
+    /// everything the kernel cached below it).
+    pub fn replace_remote(&self, fresh: OwnedFd, dev: u64) -> Vec<(u64, OsString)> {
+        self.inodes.set_remote_dev(dev);
+        *self.remote_root.write() = Arc::new(fresh);
+        let mut names = Vec::new();
+        for node in self.inodes.live() {
+            if node.zone != Zone::Shared {
                 continue;
             }
-            for ino in self.layout_dir_inos(zone) {
-                let Some(node) = self.inodes.get(ino) else {
-                    continue;
-                };
-                let Some((parent, name)) = node.primary() else {
-                    continue;
-                };
-                let local = node.state().local.clone();
-                if local
-                    .as_deref()
-                    .is_some_and(|l| marker::is_opaque(l.as_fd()))
-                {
-                    continue;
-                }
-                let fresh = match (parent.dir_fds().remote, cname(&name)) {
-                    (Some(remote), Ok(c)) => store::open_dir_at(remote.as_fd(), &c).ok(),
-                    _ => None,
-                };
-                if replace_remote(&node, fresh) {
-                    changed += 1;
+            let aliases = node.state().aliases.clone();
+            for (parent, name) in aliases {
+                if parent.zone.lists_shared() {
+                    self.inodes.unbind_virtual(parent.ino, &name);
+                    names.push((parent.ino, name));
                 }
             }
+            self.inodes.detach(&node);
         }
-        changed
+        names
     }
-}
-
-/// Installs `fresh` as the remote handle of a directory node unless it names the directory
-/// the node already has. Returns whether anything changed.
-fn replace_remote(node: &Arc<Node>, fresh: Option<std::os::fd::OwnedFd>) -> bool {
-    let identity = |fd: &std::os::fd::OwnedFd| {
-        store::stat_fd(fd.as_fd())
-            .ok()
-            .map(|st| (st.st_dev, st.st_ino))
-    };
-    let current = node.state().remote.clone();
-    let same = match (&current, &fresh) {
-        (None, None) => true,
-        (Some(a), Some(b)) => identity(a).is_some() && identity(a) == identity(b),
-        _ => false,
-    };
-    if same {
-        return false;
-    }
-    node.state().remote = fresh.map(Arc::new);
-    true
 }

@@ -93,6 +93,26 @@ impl Layout {
         }
     }
 
+    /// Where in the remote tree the area a directory of `zone` lists lies, as path
+    /// components from the remote root; empty for other zones.
+    pub fn remote_area(&self, zone: Zone) -> Vec<&str> {
+        match zone {
+            Zone::DriverRo => vec![&self.driver, "RO"],
+            Zone::LayersRo => vec![&self.layers, "RO"],
+            Zone::Images => vec![&self.images],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The ids of the shared objects an area directory of `zone` lists.
+    pub fn shared_ids(&self, zone: Zone, index: &LayoutIndex) -> Vec<String> {
+        match zone {
+            Zone::DriverRo | Zone::LayersRo => index.layers().map(|l| l.id.clone()).collect(),
+            Zone::Images => index.images().map(|i| i.id.clone()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The skeleton directories that always exist inside a directory of this zone.
     pub fn skeleton(&self, zone: Zone) -> &'static [&'static str] {
         match zone {
@@ -166,6 +186,13 @@ impl Zone {
     /// (`<driver>/<container>/diff`) keeps its whiteouts there, visible, as it wrote them.
     pub fn has_below(self) -> bool {
         self != Zone::Private
+    }
+
+    /// Whether directories of this zone list shared objects (`<driver>/RO/`,
+    /// `<driver>-layers/RO/`, `<driver>-images/`): their remote entries are known from the
+    /// index.
+    pub fn lists_shared(self) -> bool {
+        matches!(self, Zone::DriverRo | Zone::LayersRo | Zone::Images)
     }
 
     /// Whether directories of this zone merge remote entries at all.

@@ -799,3 +799,79 @@ pub fn assert_no_temp_names(root: &Path) {
         }
     }
 }
+
+// ---- Helpers for tests of a remote that stops answering ----
+
+/// Runs `op` on a thread of its own and panics if it does not answer within `secs`: a
+/// request that must not wait on a frozen remote. A thread left stuck is released when
+/// the remote answers again.
+pub fn live<T: Send + 'static>(
+    secs: u64,
+    what: &str,
+    op: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(op());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: no answer within {secs} s while the remote is frozen"),
+    }
+}
+
+/// Whether the process `pid` has exited (a zombie waiting to be reaped), read from /proc so
+/// that its pipes stay readable by `wait_with_output`.
+pub fn exited(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state == "Z")
+        })
+        .unwrap_or(true)
+}
+
+/// The processes descended from `pid` (not `pid` itself).
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|s| s.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parents.push((p, ppid));
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for (child, _) in parents.iter().filter(|(_, pp)| *pp == p) {
+            out.push(*child);
+            frontier.push(*child);
+        }
+    }
+    out
+}
+
+/// Detaches whatever is mounted at `mnt`. Not umount(8): given a path where nothing is
+/// mounted any more, it takes it for a mount's source and would unmount a view whose remote
+/// is that path.
+pub fn detach(mnt: &Path) {
+    let path = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; failure (nothing mounted there) is fine.
+    unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+}

@@ -1,0 +1,463 @@
+//! The FUSE entry points: each request is served on the FUSE thread that read it, unless it
+//! may wait on the remote, in which case it goes to the remote pool with its reply (see
+//! [`super::remote`]). The `View` says which requests may wait; [`Core`] serves them.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use fuser::{
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, INodeNo, IoctlFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use super::notify::Notices;
+use super::remote::{Load, RemotePool};
+use super::{creator, time, Core, Timeouts, Who};
+use crate::view::attrs::SetAttr;
+use crate::view::{Layer, View};
+
+pub struct LayerFs {
+    core: Arc<Core>,
+    pool: RemotePool,
+}
+
+impl LayerFs {
+    /// Serves `view`, with `remote_threads` workers for requests that may wait on the remote.
+    pub fn new(
+        view: Arc<View>,
+        timeouts: Timeouts,
+        passthrough: bool,
+        remote_threads: usize,
+    ) -> std::io::Result<LayerFs> {
+        Ok(LayerFs {
+            core: Arc::new(Core::new(view, timeouts, passthrough)),
+            pool: RemotePool::start(remote_threads)?,
+        })
+    }
+
+    pub fn view(&self) -> &Arc<View> {
+        self.core.view()
+    }
+
+    /// Where handlers send their notices to the kernel; started once the session exists.
+    pub fn notices(&self) -> Arc<Notices> {
+        self.core.notices()
+    }
+
+    /// How busy the remote pool is.
+    pub fn remote_load(&self) -> Arc<Load> {
+        self.pool.load()
+    }
+
+    /// Serves `job` on the remote pool.
+    fn remote(&self, job: impl FnOnce(&Core) + Send + 'static) {
+        let core = self.core.clone();
+        self.pool.run(move || job(&core));
+    }
+
+    /// Whether a request on the open file `fh` may wait on the remote: it was opened there.
+    fn handle_may_wait(&self, fh: FileHandle) -> bool {
+        self.core
+            .handles
+            .file(fh.0)
+            .and_then(|h| h.as_file().map(|f| f.layer == Layer::Remote))
+            .unwrap_or(false)
+    }
+
+    fn view_of(&self) -> &View {
+        &self.core.view
+    }
+}
+
+/// Serves a request on the calling FUSE thread, or with owned arguments on the remote pool.
+macro_rules! serve {
+    ($fs:ident, $wait:expr, $core:ident => $call:expr, own { $($name:ident),* }) => {
+        if $wait {
+            $(let $name = $name.to_owned();)*
+            $fs.remote(move |$core| {
+                $(let $name = &*$name;)*
+                $call
+            });
+        } else {
+            let $core = &*$fs.core;
+            $call
+        }
+    };
+}
+
+impl Filesystem for LayerFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        self.core.init(config)
+    }
+
+    fn destroy(&mut self) {
+        self.core.destroy();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let wait = self.view_of().name_may_wait(parent.0, name);
+        serve!(self, wait, core => core.lookup(parent, name, reply), own { name });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.core.forget(ino, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let wait = self.view_of().object_may_wait(ino.0);
+        serve!(self, wait, core => core.getattr(ino, reply), own {});
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let who = Who::of(req);
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+        };
+        let wait = self.view_of().object_may_wait(ino.0);
+        serve!(self, wait, core => core.setattr(who, ino, set, ctime, fh, reply), own {});
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let wait = self.view_of().object_may_wait(ino.0);
+        serve!(self, wait, core => core.readlink(ino, reply), own {});
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let who = creator(Who::of(req), umask);
+        let wait = self.view_of().name_may_wait(parent.0, name);
+        serve!(self, wait, core => core.mknod(who, parent, name, mode, rdev, reply), own { name });
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let who = creator(Who::of(req), umask);
+        let wait = self.view_of().name_may_wait(parent.0, name);
+        serve!(self, wait, core => core.mkdir(who, parent, name, mode, reply), own { name });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let wait = self.view_of().name_may_wait(parent.0, name);
+        serve!(self, wait, core => core.unlink(parent, name, reply), own { name });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let wait = self.view_of().name_may_wait(parent.0, name);
+        serve!(self, wait, core => core.rmdir(parent, name, reply), own { name });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let who = Who::of(req);
+        let wait = self.view_of().name_may_wait(parent.0, link_name);
+        serve!(self, wait, core => core.symlink(who, parent, link_name, target, reply), own { link_name, target });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let view = self.view_of();
+        let wait = view.name_may_wait(parent.0, name) || view.name_may_wait(newparent.0, newname);
+        serve!(self, wait, core => core.rename(parent, name, newparent, newname, flags, reply), own { name, newname });
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let view = self.view_of();
+        let wait = view.object_may_wait(ino.0) || view.name_may_wait(newparent.0, newname);
+        serve!(self, wait, core => core.link(ino, newparent, newname, reply), own { newname });
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let who = Who::of(req);
+        let wait = self.view_of().object_may_wait(ino.0);
+        serve!(self, wait, core => core.open(who, ino, flags, reply), own {});
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let wait = self.handle_may_wait(fh);
+        serve!(self, wait, core => core.read(fh, offset, size, reply), own {});
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // Writable opens are always of local objects (opening one copies it up).
+        self.core
+            .write(Who::of(req), fh, offset, data, write_flags, reply);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is buffered here and POSIX locks stay in the kernel, so a close needs no
+        // round trip: ENOSYS tells the kernel never to send FLUSH again.
+        reply.error(fuser::Errno::ENOSYS);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Closing a file of a network share can wait on it too.
+        let wait = self.handle_may_wait(fh);
+        serve!(self, wait, core => core.release(fh, reply), own {});
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let wait = self.handle_may_wait(fh);
+        serve!(self, wait, core => core.fsync(fh, datasync, reply), own {});
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.core.opendir(ino, reply);
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
+        // Only the first call of a listing reads the directory; later ones page through it.
+        let wait = offset == 0 && self.view_of().entries_may_wait(ino.0);
+        serve!(self, wait, core => core.readdir(ino, fh, offset, reply), own {});
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.core.releasedir(fh, reply);
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.core.fsyncdir(ino, datasync, reply);
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        self.core.statfs(ino, reply);
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let who = Who::of(req);
+        let wait = self.view_of().object_may_wait(ino.0);
+        serve!(self, wait, core => core.setxattr(who, ino, name, value, flags, reply), own { name, value });
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let wait = self.view_of().object_may_wait(ino.0);
+        serve!(self, wait, core => core.getxattr(ino, name, size, reply), own { name });
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let wait = self.view_of().object_may_wait(ino.0);
+        serve!(self, wait, core => core.listxattr(ino, size, reply), own {});
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let who = Who::of(req);
+        let wait = self.view_of().object_may_wait(ino.0);
+        serve!(self, wait, core => core.removexattr(who, ino, name, reply), own { name });
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        self.core.access(ino, reply);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let who = creator(Who::of(req), umask);
+        let wait = self.view_of().name_may_wait(parent.0, name);
+        serve!(self, wait, core => core.create(who, parent, name, mode, flags, reply), own { name });
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.core
+            .fallocate(Who::of(req), fh, offset, length, mode, reply);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let wait = self.handle_may_wait(fh);
+        serve!(self, wait, core => core.lseek(fh, offset, whence, reply), own {});
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // No ioctls are served: "not a terminal/not supported" is what callers probing
+        // for inode flags (overlayfs copy-up, chattr) expect to handle.
+        reply.error(fuser::Errno::from_i32(libc::ENOTTY));
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let who = Who::of(req);
+        let (from, to) = ((fh_in, offset_in), (fh_out, offset_out));
+        let wait = self.handle_may_wait(fh_in);
+        serve!(self, wait, core => core.copy_file_range(who, from, to, len, reply), own {});
+    }
+}

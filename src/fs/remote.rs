@@ -1,0 +1,98 @@
+//! The remote pool: requests that may wait on the remote run here, not on the FUSE threads.
+//!
+//! The remote is a network share that can stop answering; every call on it then blocks for
+//! as long as it does. A FUSE thread blocked that way serves nobody else, and a dozen such
+//! requests would take every one of them, so local paths would wait on the remote too. A
+//! request that may need the remote (see `View::name_may_wait` and friends) is therefore
+//! handed, with its reply, to this pool, and the FUSE thread goes back to reading requests.
+//! Its caller waits for the remote as on an NFS hard mount (and can be killed meanwhile);
+//! everybody else does not.
+//!
+//! The queue is unbounded: the kernel sends at most one request per blocked caller, so its
+//! length is bounded by the callers waiting on the remote. The number of workers bounds how
+//! many calls are outstanding on the remote at once.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::{unbounded, Sender};
+use tracing::warn;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// How many requests wait for a worker, and how many workers are busy.
+#[derive(Debug, Default)]
+pub struct Load {
+    pub queued: AtomicI64,
+    pub running: AtomicI64,
+}
+
+pub struct RemotePool {
+    tx: Sender<Job>,
+    load: Arc<Load>,
+}
+
+impl RemotePool {
+    /// Starts `workers` threads. They end when the pool is dropped and the queue is empty.
+    pub fn start(workers: usize) -> std::io::Result<RemotePool> {
+        let (tx, rx) = unbounded::<Job>();
+        let load = Arc::new(Load::default());
+        for n in 0..workers.max(1) {
+            let (rx, load) = (rx.clone(), load.clone());
+            std::thread::Builder::new()
+                .name(format!("remote-{n}"))
+                .spawn(move || {
+                    for job in rx {
+                        load.queued.fetch_sub(1, Ordering::Relaxed);
+                        load.running.fetch_add(1, Ordering::Relaxed);
+                        job();
+                        load.running.fetch_sub(1, Ordering::Relaxed);
+                    }
+                })?;
+        }
+        Ok(RemotePool { tx, load })
+    }
+
+    /// Runs `job` on a worker.
+    pub fn run(&self, job: impl FnOnce() + Send + 'static) {
+        self.load.queued.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.tx.send(Box::new(job)) {
+            // Only when every worker is gone, which a panic in a job could do: serve on the
+            // calling thread rather than drop the request (its reply would say EIO).
+            self.load.queued.fetch_sub(1, Ordering::Relaxed);
+            warn!("the remote pool has no workers; serving on a FUSE thread");
+            (e.into_inner())();
+        }
+    }
+
+    pub fn load(&self) -> Arc<Load> {
+        self.load.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_stuck_job_does_not_hold_up_the_others() {
+        let pool = RemotePool::start(2).unwrap();
+        let (stuck_tx, stuck_rx) = crossbeam_channel::bounded::<()>(0);
+        pool.run(move || {
+            let _ = stuck_rx.recv();
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        for i in 0..10 {
+            let tx = tx.clone();
+            pool.run(move || tx.send(i).unwrap());
+        }
+        let mut got: Vec<i32> = (0..10)
+            .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
+        got.sort();
+        assert_eq!(got, (0..10).collect::<Vec<_>>());
+        assert_eq!(pool.load().running.load(Ordering::Relaxed), 1);
+        drop(stuck_tx);
+    }
+}

@@ -1,0 +1,144 @@
+//! What the remote *is*, as opposed to what it holds: the identity (device and inode) of
+//! its root and of its shared areas. Names alone cannot tell a remote that was replaced
+//! (deleted and written again with the same ids, or another filesystem mounted on its
+//! path) from the one the view's open handles still point into, nor a share that went away
+//! and left its empty mount directory behind from a remote that was emptied.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use nix::errno::Errno;
+
+use crate::store;
+use crate::view::open_root;
+
+/// Device and inode of one directory.
+pub type Id = (u64, u64);
+
+/// The identities a round compares with the previous accepted round's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Anchor {
+    pub root: Id,
+    /// `<driver>/RO`, `<driver>-layers/RO`, `<driver>-images`; `None` where absent.
+    pub areas: [Option<Id>; 3],
+}
+
+/// A remote root opened by path, with what it is.
+#[derive(Debug)]
+pub struct Probed {
+    pub root: OwnedFd,
+    pub anchor: Anchor,
+}
+
+impl Anchor {
+    /// Opens the remote root at `path` and reads the identities of it and its areas.
+    pub fn probe(path: &Path, driver: &str) -> Result<Probed, String> {
+        let fail = |what: &str, e: Errno| format!("remote {what}: {e}");
+        let root = open_root(path).map_err(|e| fail("root", e))?;
+        let st = store::stat_fd(root.as_fd()).map_err(|e| fail("root", e))?;
+        let areas = [
+            vec![driver.to_owned(), "RO".to_owned()],
+            vec![format!("{driver}-layers"), "RO".to_owned()],
+            vec![format!("{driver}-images")],
+        ];
+        let mut ids = [None; 3];
+        for (slot, parts) in ids.iter_mut().zip(&areas) {
+            *slot = area_id(root.as_fd(), parts).map_err(|e| fail(&parts.join("/"), e))?;
+        }
+        Ok(Probed {
+            root,
+            anchor: Anchor {
+                root: (st.st_dev, st.st_ino),
+                areas: ids,
+            },
+        })
+    }
+
+    /// What changed between `self` and `now` such that the view's handles into the remote
+    /// no longer name what the remote's path does; `None` if they still do. An area that
+    /// appears where there was none is no such change: it is opened by path when needed.
+    pub fn replaced_by(&self, now: &Anchor) -> Option<String> {
+        if self.root != now.root {
+            return Some(describe("root", self.root, now.root));
+        }
+        let names = ["<driver>/RO", "<driver>-layers/RO", "<driver>-images"];
+        self.areas
+            .iter()
+            .zip(&now.areas)
+            .zip(names)
+            .find_map(|((was, is), name)| match (was, is) {
+                (Some(was), Some(is)) if was != is => Some(describe(name, *was, *is)),
+                (Some(_), None) => Some(format!("{name} is gone")),
+                _ => None,
+            })
+    }
+
+    /// Whether the root sits on another filesystem than before (a share unmounted from its
+    /// mount directory, or another one mounted there).
+    pub fn moved_device(&self, now: &Anchor) -> bool {
+        self.root.0 != now.root.0
+    }
+}
+
+fn describe(what: &str, was: Id, is: Id) -> String {
+    format!(
+        "{what} was device {} inode {}, is device {} inode {}",
+        was.0, was.1, is.0, is.1
+    )
+}
+
+/// The identity of the directory `parts` below `root`, not following symlinks; `None` if
+/// it is not there.
+fn area_id(root: std::os::fd::BorrowedFd<'_>, parts: &[String]) -> Result<Option<Id>, Errno> {
+    let mut dir: Option<OwnedFd> = None;
+    for part in parts {
+        let at = dir.as_ref().map_or(root, |d| d.as_fd());
+        let name = store::cname(std::ffi::OsStr::new(part))?;
+        match store::open_dir_at(at, &name) {
+            Ok(fd) => dir = Some(fd),
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    let Some(dir) = dir else {
+        return Ok(None);
+    };
+    let st = store::stat_fd(dir.as_fd())?;
+    Ok(Some((st.st_dev, st.st_ino)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anchor(root: Id, areas: [Option<Id>; 3]) -> Anchor {
+        Anchor { root, areas }
+    }
+
+    #[test]
+    fn a_new_area_is_not_a_replacement_but_a_changed_one_is() {
+        let was = anchor((1, 2), [Some((1, 3)), None, None]);
+        assert_eq!(was.replaced_by(&was), None);
+        let grown = anchor((1, 2), [Some((1, 3)), Some((1, 4)), Some((1, 5))]);
+        assert_eq!(was.replaced_by(&grown), None);
+        let recreated = anchor((1, 2), [Some((1, 9)), None, None]);
+        assert!(was.replaced_by(&recreated).unwrap().contains("<driver>/RO"));
+        let gone = anchor((1, 2), [None, None, None]);
+        assert!(was.replaced_by(&gone).unwrap().contains("gone"));
+        let remounted = anchor((7, 2), [Some((7, 3)), None, None]);
+        assert!(was.replaced_by(&remounted).unwrap().contains("root"));
+        assert!(was.moved_device(&remounted));
+    }
+
+    #[test]
+    fn probing_reads_the_root_and_areas() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("overlay/RO")).unwrap();
+        std::fs::create_dir_all(dir.path().join("overlay-images")).unwrap();
+        let probed = Anchor::probe(dir.path(), "overlay").unwrap();
+        assert!(probed.anchor.areas[0].is_some());
+        assert!(probed.anchor.areas[1].is_none());
+        assert!(probed.anchor.areas[2].is_some());
+        assert!(Anchor::probe(&dir.path().join("missing"), "overlay").is_err());
+    }
+}

@@ -1,0 +1,285 @@
+//! A remote that stops answering (DESIGN §5): the remote is served through a FUSE carrier
+//! (fuse-overlayfs over a copy of the fixture tree) that the test freezes with SIGSTOP, as
+//! an NFS server that stops answering freezes every call on its mount.
+//!
+//! With a dozen requests stuck on remote files and the kernel's caches dropped, everything
+//! that does not need remote data must still answer; once the remote answers again, every
+//! remote name resolves, without dropping caches.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// How long a request that needs no remote data may take while the remote is frozen before
+/// the test calls it stuck. Generous: this checks that it answers, not how fast.
+const LIVE: Duration = Duration::from_secs(5);
+
+/// A read-only FUSE mount of `real` that can be frozen.
+struct Carrier {
+    child: Child,
+    mnt: PathBuf,
+    frozen: bool,
+}
+
+impl Carrier {
+    fn start(real: &Path, mnt: &Path) -> Carrier {
+        fs::create_dir_all(mnt).unwrap();
+        let child = Command::new("fuse-overlayfs")
+            .arg("-f")
+            .arg("-o")
+            .arg(format!("lowerdir={}", real.display()))
+            .arg(mnt)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("fuse-overlayfs (Debian package fuse-overlayfs) runs");
+        let mut carrier = Carrier {
+            child,
+            mnt: mnt.to_owned(),
+            frozen: false,
+        };
+        eventually(10, "the carrier mount", || is_mounted(&carrier.mnt));
+        // Its root must answer before layerfs opens it.
+        assert!(fs::read_dir(&carrier.mnt).is_ok());
+        carrier.frozen = false;
+        carrier
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: a plain signal to our own child.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        assert_eq!(rc, 0, "signal {sig} to the carrier");
+    }
+
+    fn freeze(&mut self) {
+        self.signal(libc::SIGSTOP);
+        self.frozen = true;
+    }
+
+    fn thaw(&mut self) {
+        if self.frozen {
+            self.signal(libc::SIGCONT);
+            self.frozen = false;
+        }
+    }
+}
+
+impl Drop for Carrier {
+    fn drop(&mut self) {
+        self.thaw();
+        detach(&self.mnt);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// layerfs over a carrier. Dropping thaws the carrier first, so that the view can unmount.
+struct Stack {
+    view: Option<RawMount>,
+    carrier: Carrier,
+    real: PathBuf,
+    mnt: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Stack {
+    fn new(opts: &str) -> Stack {
+        let dir = tempfile::Builder::new()
+            .prefix("layerfs-stall")
+            .tempdir()
+            .unwrap();
+        let real = dir.path().join("real");
+        let local = dir.path().join("local");
+        let mnt = dir.path().join("mnt");
+        copy_tree(&repo().join("fixtures/remote"), &real);
+        fs::create_dir(&local).unwrap();
+        fs::create_dir(&mnt).unwrap();
+        let carrier = Carrier::start(&real, &dir.path().join("carrier"));
+        let opts = format!("allow_other,refresh=1s{opts}");
+        let view = RawMount::start(&carrier.mnt, &local, &mnt, &["-o", &opts]);
+        Stack {
+            view: Some(view),
+            carrier,
+            real,
+            mnt,
+            _dir: dir,
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// The remote files of the fixture, as (path in the view, content).
+    fn remote_files(&self) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        for label in ["L1", "L2", "L3", "L4"] {
+            let diff = Path::new("overlay/RO").join(id(label)).join("diff");
+            let mut stack = vec![self.real.join(&diff)];
+            while let Some(dir) = stack.pop() {
+                for e in fs::read_dir(&dir).unwrap() {
+                    let e = e.unwrap();
+                    let ty = e.file_type().unwrap();
+                    if ty.is_dir() {
+                        stack.push(e.path());
+                    } else if ty.is_file() {
+                        let rel = e.path().strip_prefix(&self.real).unwrap().to_owned();
+                        out.push((self.mnt.join(rel), fs::read(e.path()).unwrap()));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.carrier.thaw();
+        drop(self.view.take());
+    }
+}
+
+fn live<T: Send + 'static>(what: &str, op: impl FnOnce() -> T + Send + 'static) -> T {
+    common::live(LIVE.as_secs(), what, op)
+}
+
+/// Starts processes that read remote files and look up remote names; with the remote
+/// frozen they stay stuck.
+fn stick(files: &[(PathBuf, Vec<u8>)], count: usize) -> Vec<(Child, PathBuf, bool)> {
+    files
+        .iter()
+        .take(count)
+        .enumerate()
+        .map(|(i, (path, _))| {
+            let reads = i % 2 == 0;
+            let child = if reads {
+                Command::new("cat").arg(path).stdout(Stdio::piped()).spawn()
+            } else {
+                Command::new("stat")
+                    .arg("-c")
+                    .arg("%s")
+                    .arg(path)
+                    .stdout(Stdio::piped())
+                    .spawn()
+            }
+            .unwrap();
+            (child, path.clone(), reads)
+        })
+        .collect()
+}
+
+#[test]
+fn local_paths_answer_while_the_remote_is_frozen() {
+    let mut s = Stack::new("");
+    let files = s.remote_files();
+    assert!(files.len() >= 12, "the fixture has enough remote files");
+    // What a host has before the stall: a local file in the root, a container directory.
+    fs::write(s.path("hosts.local"), b"local data\n").unwrap();
+    fs::create_dir_all(s.path("overlay/cid1/diff/etc")).unwrap();
+    fs::write(s.path("overlay/cid1/diff/etc/conf"), b"container\n").unwrap();
+    let ro_ids: Vec<String> = names(&s.path("overlay/RO"));
+    assert!(ro_ids.contains(&id("L1")));
+
+    drop_caches();
+    s.carrier.freeze();
+    let mut stuck = stick(&files, 12);
+    std::thread::sleep(Duration::from_millis(500));
+    for (child, path, _) in &mut stuck {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{} answered although the remote is frozen",
+            path.display()
+        );
+    }
+
+    let mnt = s.mnt.clone();
+    let at = move |rel: &str| mnt.join(rel);
+    let p = at("hosts.local");
+    assert_eq!(
+        live("read a local file in the root", move || fs::read(p)
+            .unwrap()),
+        b"local data\n"
+    );
+    let p = at("");
+    let root = live("list the root", move || names(&p));
+    assert!(root.contains(&"hosts.local".to_owned()) && root.contains(&"overlay".to_owned()));
+    let p = at("overlay");
+    let home = live("list overlay/", move || names(&p));
+    assert!(home.contains(&"RO".to_owned()) && home.contains(&"cid1".to_owned()));
+    let p = at("overlay/RO");
+    let listed = live("list overlay/RO from the index", move || names(&p));
+    assert_eq!(listed, ro_ids);
+    let p = at("overlay/l");
+    live("list overlay/l", move || names(&p));
+    let p = at("overlay-layers");
+    live("list overlay-layers/", move || names(&p));
+    let p = at("new.local");
+    live("create a file in the root", move || {
+        fs::File::create(&p).unwrap().write_all(b"new\n").unwrap()
+    });
+    let p = at("overlay/cid1/diff/etc");
+    live("stat a local directory", move || {
+        fs::metadata(p).unwrap().is_dir()
+    });
+    let p = at("overlay/cid1/diff/etc/conf");
+    assert_eq!(
+        live("read a file in a container dir", move || fs::read(p)
+            .unwrap()),
+        b"container\n"
+    );
+    let p = at("overlay/cid1/diff/newdir");
+    live("mkdir in a container dir", move || {
+        fs::create_dir(p).unwrap()
+    });
+    let p = at("overlay/cid1/diff/newdir/f");
+    live("create in a container dir", move || {
+        fs::write(p, b"x").unwrap()
+    });
+    let p = at("overlay/cid2");
+    live("mkdir in overlay/", move || fs::create_dir(p).unwrap());
+    let mnt = s.mnt.clone();
+    let status = live("layerfs status", move || {
+        Command::new(BIN).arg("status").arg(mnt).output().unwrap()
+    });
+    assert!(status.status.success(), "{status:?}");
+
+    // The remote answers again: every stuck request completes, rightly.
+    s.carrier.thaw();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (child, path, reads) in stuck {
+        let out = loop {
+            if exited(child.id()) {
+                break child.wait_with_output().unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never answered",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(out.status.success(), "{}: {out:?}", path.display());
+        let want = &files.iter().find(|(p, _)| *p == path).unwrap().1;
+        if reads {
+            assert_eq!(&out.stdout, want, "{}", path.display());
+        } else {
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                want.len().to_string()
+            );
+        }
+    }
+    // Nothing looked up during the stall was remembered as absent.
+    for (path, content) in &files {
+        assert_eq!(&fs::read(path).unwrap(), content, "{}", path.display());
+    }
+}
