@@ -185,7 +185,12 @@ pub fn answer(handle: &dyn MountControl, line: &[u8], admin: bool) -> Vec<u8> {
 
 fn payload(handle: &dyn MountControl, request: &Request) -> Result<Value, String> {
     let encoded = match request.op {
-        Op::Status => serde_json::to_value(handle.status()),
+        Op::Status => serde_json::to_value(handle.status()).map(|mut status| {
+            if let (Some(addr), Some(fields)) = (handle.metrics(), status.as_object_mut()) {
+                fields.insert("metrics".into(), addr.into());
+            }
+            status
+        }),
         Op::Refresh => serde_json::to_value(handle.refresh()),
         Op::Layers => serde_json::to_value(handle.layers()),
         Op::Images => serde_json::to_value(handle.images()),
@@ -223,6 +228,8 @@ pub struct StatusView {
     pub remote_health: HealthView,
     pub last_round: Option<RoundView>,
     pub quotas: Vec<QuotaInfo>,
+    /// Where Prometheus metrics are served, if they are.
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
