@@ -182,7 +182,10 @@ pub struct Metrics {
     backing_files: Family<Unlabelled, Gauge>,
     sources: RwLock<Option<Arc<dyn Sources>>>,
     fs_tables: RwLock<Option<Arc<dyn FsTables>>>,
-    /// Held for a whole scrape: the state metrics are rewritten by each one.
+    /// Held for a whole scrape: each rewrites the state metrics.
+    scrape: Mutex<()>,
+    /// Never held while calling out, so that the refresh engine may push a round with
+    /// its own locks held while a scrape asks it for the status.
     rounds: Mutex<RoundBook>,
     created: SystemTime,
 }
@@ -228,6 +231,7 @@ impl Metrics {
             backing_files: Family::default(),
             sources: RwLock::new(None),
             fs_tables: RwLock::new(None),
+            scrape: Mutex::new(()),
             rounds: Mutex::new(RoundBook::default()),
             created: SystemTime::now(),
         };
@@ -380,7 +384,8 @@ impl Metrics {
 
     /// Counts one refresh round, for the refresh engine to call at the end of every round
     /// (the mount-time one included). From the first call on, scrapes stop deriving
-    /// rounds from the status.
+    /// rounds from the status. Takes only a lock of its own, briefly: it may be called
+    /// with the engine's locks held.
     pub fn refresh_round(&self, report: &RoundReport) {
         let mut book = self.rounds.lock();
         book.pushed = true;
@@ -415,9 +420,9 @@ impl Metrics {
 
     /// The exposition, in the Prometheus text format ([`CONTENT_TYPE`]).
     pub fn encode(&self) -> Result<String, String> {
-        let mut book = self.rounds.lock();
+        let _one_at_a_time = self.scrape.lock();
         // A bug behind a source must cost this scrape, not the server.
-        catch_unwind(AssertUnwindSafe(|| self.read_state(&mut book)))
+        catch_unwind(AssertUnwindSafe(|| self.read_state()))
             .map_err(|_| "reading the mount's state failed (see the mount's log)".to_owned())?;
         let mut out = String::with_capacity(16 * 1024);
         prometheus_text::encode(&mut out, &self.registry)
@@ -425,11 +430,11 @@ impl Metrics {
         Ok(out)
     }
 
-    fn read_state(&self, book: &mut RoundBook) {
+    fn read_state(&self) {
         let sources = self.sources.read().clone();
         if let Some(sources) = sources {
             let status = sources.status();
-            self.read_status(book, &status);
+            self.read_status(&status);
             let inodes = sources.inodes();
             self.inodes.get_or_create(&[]).set(gauge(inodes.nodes));
             self.identities
@@ -447,14 +452,15 @@ impl Metrics {
         }
     }
 
-    fn read_status(&self, book: &mut RoundBook, status: &Status) {
+    fn read_status(&self, status: &Status) {
         self.remote_healthy
             .set(i64::from(status.remote_health.healthy));
+        let mut book = self.rounds.lock();
         if status.rounds > book.seen {
             self.rounds_total.inc_by(status.rounds - book.seen);
             if !book.pushed {
                 if let Some(last) = &status.last_round {
-                    self.count_round(book, last);
+                    self.count_round(&mut book, last);
                 }
             }
             book.seen = status.rounds;
@@ -464,6 +470,7 @@ impl Metrics {
             book.last_good = Some(book.last_good.map_or(ended, |t| t.max(ended)));
         }
         let since = book.last_good.unwrap_or(self.created);
+        drop(book);
         let age = SystemTime::now()
             .duration_since(since)
             .unwrap_or_default()

@@ -1,11 +1,11 @@
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 
 use super::*;
 use crate::control::protocol::QuotaInfo;
 use crate::refresh::report::{NotReadyRef, ObjectRef, RemoteHealth};
 
-/// The value of the sample `line_start` (name and labels as exposed), if present.
+/// The value of the series `series` (name and labels as exposed), if present.
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
@@ -411,8 +411,6 @@ fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
     (head.to_owned(), body.to_owned())
 }
 
-use std::net::SocketAddr;
-
 #[test]
 fn the_server_answers_on_an_ephemeral_port() {
     let metrics = Arc::new(Metrics::new());
@@ -443,5 +441,35 @@ fn the_server_answers_on_an_ephemeral_port() {
     assert!(
         TcpStream::connect(addr).is_err(),
         "still listening after drop"
+    );
+}
+
+#[test]
+fn concurrent_requests_are_all_counted() {
+    let m = Arc::new(Metrics::new());
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                for i in 0..10_000u64 {
+                    m.request("read", Duration::from_nanos(i * 1000), None);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let text = m.encode().unwrap();
+    assert_eq!(
+        sample(&text, r#"layerfs_requests_total{op="read"}"#),
+        Some(40_000.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"layerfs_request_duration_seconds_bucket{op="read",le="+Inf"}"#
+        ),
+        Some(40_000.0)
     );
 }
