@@ -265,13 +265,20 @@ fn requests_are_counted_by_opcode() {
     let addr = address(&m);
     let dir = m.path("metrics-requests");
     fs::create_dir(&dir).unwrap();
+    let full = dir.join("full");
+    fs::create_dir(&full).unwrap();
+    fs::write(full.join("keep"), b"x").unwrap();
     let before = scrape(addr);
     let count = |text: &str, series: &str| value(text, series).unwrap_or(0.0);
 
     let n = 20;
     for i in 0..n {
+        // A name never seen is looked up by the daemon (a negative answer is a success).
         assert!(fs::symlink_metadata(dir.join(format!("absent{i}"))).is_err());
         fs::write(dir.join(format!("new{i}")), b"data").unwrap();
+        // Only the daemon knows the directory is not empty: the kernel asks, and the
+        // answer is an error.
+        assert!(fs::remove_dir(&full).is_err());
     }
     let held = fs::File::open(dir.join("new0")).unwrap();
     let after = scrape(addr);
@@ -279,16 +286,25 @@ fn requests_are_counted_by_opcode() {
     for (series, at_least) in [
         (r#"layerfs_requests_total{op="lookup"}"#, n),
         (r#"layerfs_requests_total{op="create"}"#, n),
-        (r#"layerfs_requests_total{op="write"}"#, n),
+        (r#"layerfs_requests_total{op="rmdir"}"#, n),
         (
-            r#"layerfs_request_errors_total{op="lookup",errno="ENOENT"}"#,
+            r#"layerfs_request_errors_total{op="rmdir",errno="ENOTEMPTY"}"#,
             n,
         ),
         (r#"layerfs_request_duration_seconds_count{op="lookup"}"#, n),
+        (r#"layerfs_request_duration_seconds_count{op="create"}"#, n),
     ] {
         let grew = count(&after, series) - count(&before, series);
         assert!(grew >= at_least as f64, "{series} grew by {grew}");
     }
+    assert_eq!(
+        value(
+            &after,
+            r#"layerfs_request_errors_total{op="create",errno="ENOENT"}"#
+        ),
+        None,
+        "successful creates counted as errors"
+    );
     assert!(must(&after, "layerfs_open_handles") >= 1.0);
     assert!(value(&after, "layerfs_passthrough_backing_files").is_some());
     drop(held);
