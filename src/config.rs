@@ -40,6 +40,8 @@ mount options (-o a,b=c,...):
   log=LEVEL            error, warn, info, debug, trace, or a RUST_LOG-style filter [info]
   fsname=NAME          the source shown in /proc/mounts [the remote path]
   quota_errno=ERRNO    what a write over a quota fails with: enospc or edquot [enospc]
+  metrics=ADDR:PORT    serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics;
+                       port 0 picks a free port (`layerfs status` shows it) [off]
   default_permissions  accepted; always on (the kernel checks permissions)";
 
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +74,8 @@ pub struct MountConfig {
     /// What allocations over a quota fail with: `ENOSPC` (as XFS project quotas and
     /// block-backed layers do) or `EDQUOT`.
     pub quota_errno: nix::errno::Errno,
+    /// Where Prometheus metrics are served; `None` = not served.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Default for MountConfig {
@@ -104,6 +108,7 @@ impl Default for MountConfig {
             hide_unhealthy: false,
             quota_errno: nix::errno::Errno::ENOSPC,
             inotify: true,
+            metrics: None,
         }
     }
 }
@@ -192,6 +197,14 @@ impl MountConfig {
                     "edquot" => nix::errno::Errno::EDQUOT,
                     _ => return Err(bad(opt, "must be 'enospc' or 'edquot'")),
                 }
+            }
+            ("metrics", v) => {
+                self.metrics = Some(need(v)?.parse().map_err(|_| {
+                    bad(
+                        opt,
+                        "must be IP:PORT, e.g. 127.0.0.1:9100 or [::]:9100 (port 0: any free port)",
+                    )
+                })?)
             }
             (
                 "allow_other"
@@ -392,6 +405,26 @@ mod tests {
         assert!(c.refresh.is_zero());
         c.apply_options("refresh=250ms").unwrap();
         assert_eq!(c.refresh, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn metrics_option() {
+        let mut c = MountConfig::default();
+        assert_eq!(c.metrics, None);
+        c.apply_options("metrics=127.0.0.1:9100").unwrap();
+        assert_eq!(c.metrics, Some("127.0.0.1:9100".parse().unwrap()));
+        c.apply_options("metrics=[::1]:0").unwrap();
+        assert_eq!(c.metrics, Some("[::1]:0".parse().unwrap()));
+        for opt in [
+            "metrics=localhost",
+            "metrics=9100",
+            "metrics=1.2.3.4:99999",
+            "metrics",
+        ] {
+            let err = c.apply_options(opt).unwrap_err().to_string();
+            assert!(err.contains(opt), "{opt}: {err}");
+        }
+        assert!(OPTIONS.contains("metrics=ADDR:PORT"));
     }
 
     #[test]

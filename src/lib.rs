@@ -6,7 +6,7 @@
 //! [`layout`] scans the remote tree into the index of ready layers and images the view
 //! shows. [`config`] holds a mount's options, [`mount`] serves one, [`daemon`] detaches.
 //! [`control`] answers `layerfs status`, `refresh`, `layers` and `images` over a mount's
-//! socket.
+//! socket. [`metrics`] serves Prometheus metrics with `-o metrics=ADDR:PORT`.
 
 pub mod cli;
 pub mod config;
@@ -17,6 +17,7 @@ pub mod error;
 pub mod fs;
 pub mod launch;
 pub mod layout;
+pub mod metrics;
 pub mod mount;
 pub mod quota;
 pub mod refresh;

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
 use crate::fs::{LayerFs, Timeouts};
 use crate::layout::{LayoutIndex, Scanner};
+use crate::metrics::{InodeCounts, Metrics, Sources};
 use crate::quota::table::Quotas;
 use crate::refresh::report::{ImageInfo, LayerInfo, MountControl, RoundReport, Status};
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
@@ -25,6 +26,19 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     // Modes arrive from the kernel with the caller's umask already applied.
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     raise_fd_limit();
+    // Bound before anything is mounted: an address that cannot be had fails the mount.
+    let (metrics, metrics_server) = match config.metrics {
+        Some(addr) => {
+            let metrics = Arc::new(Metrics::new());
+            let server =
+                crate::metrics::serve(addr, metrics.clone()).map_err(|e| Error::BadOption {
+                    option: format!("metrics={addr}"),
+                    reason: e.to_string(),
+                })?;
+            (Some(metrics), Some(server))
+        }
+        None => (None, None),
+    };
 
     let open = |path: &std::path::Path| {
         open_root(path).map_err(|source| Error::Open {
@@ -70,6 +84,9 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
             inotify: config.inotify,
         },
     );
+    if let Some(m) = &metrics {
+        refresher.set_metrics(m.clone());
+    }
     let first = refresher.round();
     info!(
         remote = %config.remote.display(),
@@ -89,6 +106,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         timeouts,
         config.passthrough,
         config.remote_threads,
+        metrics.clone(),
     )
     .map_err(|source| Error::Mount {
         path: config.mountpoint.clone(),
@@ -114,10 +132,15 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
             path: config.mountpoint.clone(),
             source,
         })?;
-    let control: Arc<dyn MountControl> = Arc::new(Control {
+    let control = Arc::new(Control {
         refresh: handle.clone(),
         view: view.clone(),
+        metrics: metrics_server.as_ref().map(|s| s.local_addr().to_string()),
     });
+    if let Some(metrics) = &metrics {
+        metrics.set_sources(control.clone());
+    }
+    let control: Arc<dyn MountControl> = control;
     // Lives until the mount ends; dropping it removes the socket. A mount that cannot have
     // its socket (no writable run dir) still serves: the socket is for looking, not for use.
     let socket = crate::control::socket_path(&config.mountpoint);
@@ -152,15 +175,30 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     })?;
     handle.stop();
     drop(control_server);
+    drop(metrics_server);
     info!(mountpoint = %config.mountpoint.display(), "unmounted");
     Ok(())
 }
 
 /// The control socket's view of the mount: the refresh engine answers for the remote, the
-/// view for quotas.
+/// view for quotas. Metrics scrapes read the mount through it too.
 struct Control {
     refresh: Arc<RefreshHandle>,
     view: Arc<View>,
+    /// Where metrics are served, if they are.
+    metrics: Option<String>,
+}
+
+impl Sources for Control {
+    fn status(&self) -> Status {
+        MountControl::status(self)
+    }
+    fn inodes(&self) -> InodeCounts {
+        InodeCounts {
+            nodes: self.view.inodes.len(),
+            identities: self.view.inodes.identities(),
+        }
+    }
 }
 
 impl MountControl for Control {
@@ -183,6 +221,9 @@ impl MountControl for Control {
     }
     fn quota(&self, request: QuotaRequest) -> std::result::Result<QuotaAnswer, String> {
         self.view.quota_request(request)
+    }
+    fn metrics(&self) -> Option<String> {
+        self.metrics.clone()
     }
 }
 

@@ -189,7 +189,12 @@ pub fn answer(handle: &dyn MountControl, line: &[u8], admin: bool) -> Vec<u8> {
 
 fn payload(handle: &dyn MountControl, request: &Request) -> Result<Value, String> {
     let encoded = match request.op {
-        Op::Status => serde_json::to_value(handle.status()),
+        Op::Status => serde_json::to_value(handle.status()).map(|mut status| {
+            if let (Some(addr), Some(fields)) = (handle.metrics(), status.as_object_mut()) {
+                fields.insert("metrics".into(), addr.into());
+            }
+            status
+        }),
         Op::Refresh if request.accept_empty => {
             serde_json::to_value(handle.refresh_accepting_empty())
         }
@@ -230,6 +235,8 @@ pub struct StatusView {
     pub remote_health: HealthView,
     pub last_round: Option<RoundView>,
     pub quotas: Vec<QuotaInfo>,
+    /// Where Prometheus metrics are served, if they are.
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

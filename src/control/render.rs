@@ -37,6 +37,9 @@ pub fn status(s: &StatusView, now: f64) -> String {
     line("local", &s.local);
     line("driver", &s.driver);
     line("socket", &s.socket);
+    if let Some(addr) = &s.metrics {
+        line("metrics", &format!("http://{addr}/metrics"));
+    }
     let interval = if s.refresh_interval_secs > 0.0 {
         format!("every {}", seconds(s.refresh_interval_secs))
     } else {
@@ -442,7 +445,21 @@ mod tests {
             },
             last_round: Some(round_view()),
             quotas: Vec::new(),
+            metrics: None,
         }
+    }
+
+    #[test]
+    fn status_shows_where_metrics_are_served() {
+        let s = StatusView {
+            metrics: Some("127.0.0.1:9100".into()),
+            ..status_view()
+        };
+        let text = status(&s, T0 + 12.0);
+        assert!(
+            text.contains("\nmetrics     http://127.0.0.1:9100/metrics\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -65,6 +65,15 @@ pub struct BackingTable {
 }
 
 impl BackingTable {
+    /// How many inodes have a backing file registered.
+    pub fn len(&self) -> usize {
+        self.slots.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// What an open of `ino`, served from `layer`, gets; `None` when the inode's backing
     /// file is of another layer (a read-only open of the remote copy from before a
     /// copy-up): any open would map that file, and must go to a new inode instead.

@@ -5,7 +5,7 @@
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, INodeNo, IoctlFlags,
@@ -16,27 +16,51 @@ use fuser::{
 
 use super::notify::Notices;
 use super::remote::{Load, RemotePool};
-use super::{creator, time, Core, Timeouts, Who};
+use super::{creator, outcome, time, Core, Timeouts, Who};
+use crate::metrics::{FsTables, Metrics};
 use crate::view::attrs::SetAttr;
 use crate::view::{Layer, View};
 
 pub struct LayerFs {
     core: Arc<Core>,
     pool: RemotePool,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl LayerFs {
-    /// Serves `view`, with `remote_threads` workers for requests that may wait on the remote.
+    /// Serves `view`, with `remote_threads` workers for requests that may wait on the
+    /// remote; every request is counted in `metrics`, if given.
     pub fn new(
         view: Arc<View>,
         timeouts: Timeouts,
         passthrough: bool,
         remote_threads: usize,
+        metrics: Option<Arc<Metrics>>,
     ) -> std::io::Result<LayerFs> {
+        let core = Arc::new(Core::new(view, timeouts, passthrough));
+        if let Some(m) = &metrics {
+            m.set_fs_tables(core.clone());
+        }
         Ok(LayerFs {
-            core: Arc::new(Core::new(view, timeouts, passthrough)),
-            pool: RemotePool::start(remote_threads)?,
+            core,
+            pool: RemotePool::start(remote_threads, metrics.clone())?,
+            metrics,
         })
+    }
+
+    /// Counts a request that started at `start` and has been replied to (on this thread).
+    fn served(metrics: Option<&Metrics>, op: &'static str, start: Instant) {
+        let failed = outcome::take();
+        if let Some(m) = metrics {
+            m.request(op, start.elapsed(), failed);
+        }
+    }
+
+    /// Serves a request on this thread and counts it.
+    fn here(&self, op: &'static str, serve: impl FnOnce(&Core)) {
+        let start = Instant::now();
+        serve(&self.core);
+        Self::served(self.metrics.as_deref(), op, start);
     }
 
     pub fn view(&self) -> &Arc<View> {
@@ -53,10 +77,14 @@ impl LayerFs {
         self.pool.load()
     }
 
-    /// Serves `job` on the remote pool.
-    fn remote(&self, job: impl FnOnce(&Core) + Send + 'static) {
-        let core = self.core.clone();
-        self.pool.run(move || job(&core));
+    /// Serves `job` on the remote pool and counts it, from now until it is replied to.
+    fn remote(&self, op: &'static str, job: impl FnOnce(&Core) + Send + 'static) {
+        let start = Instant::now();
+        let (core, metrics) = (self.core.clone(), self.metrics.clone());
+        self.pool.run(move || {
+            job(&core);
+            Self::served(metrics.as_deref(), op, start);
+        });
     }
 
     /// Whether a request on the open file `fh` may wait on the remote: it was opened there.
@@ -75,16 +103,15 @@ impl LayerFs {
 
 /// Serves a request on the calling FUSE thread, or with owned arguments on the remote pool.
 macro_rules! serve {
-    ($fs:ident, $wait:expr, $core:ident => $call:expr, own { $($name:ident),* }) => {
+    ($fs:ident, $op:literal, $wait:expr, $core:ident => $call:expr, own { $($name:ident),* }) => {
         if $wait {
             $(let $name = $name.to_owned();)*
-            $fs.remote(move |$core| {
+            $fs.remote($op, move |$core| {
                 $(let $name = &*$name;)*
                 $call
             });
         } else {
-            let $core = &*$fs.core;
-            $call
+            $fs.here($op, |$core| $call);
         }
     };
 }
@@ -100,16 +127,16 @@ impl Filesystem for LayerFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, wait, core => core.lookup(parent, name, reply), own { name });
+        serve!(self, "lookup", wait, core => core.lookup(parent, name, reply), own { name });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.core.forget(ino, nlookup);
+        self.here("forget", |core| core.forget(ino, nlookup));
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let wait = self.view_of().object_may_wait(ino.0);
-        serve!(self, wait, core => core.getattr(ino, reply), own {});
+        serve!(self, "getattr", wait, core => core.getattr(ino, reply), own {});
     }
 
     fn setattr(
@@ -140,12 +167,12 @@ impl Filesystem for LayerFs {
             mtime: mtime.map(time),
         };
         let wait = self.view_of().object_may_wait(ino.0);
-        serve!(self, wait, core => core.setattr(who, ino, set, ctime, fh, reply), own {});
+        serve!(self, "setattr", wait, core => core.setattr(who, ino, set, ctime, fh, reply), own {});
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let wait = self.view_of().object_may_wait(ino.0);
-        serve!(self, wait, core => core.readlink(ino, reply), own {});
+        serve!(self, "readlink", wait, core => core.readlink(ino, reply), own {});
     }
 
     fn mknod(
@@ -160,7 +187,7 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, wait, core => core.mknod(who, parent, name, mode, rdev, reply), own { name });
+        serve!(self, "mknod", wait, core => core.mknod(who, parent, name, mode, rdev, reply), own { name });
     }
 
     fn mkdir(
@@ -174,17 +201,17 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, wait, core => core.mkdir(who, parent, name, mode, reply), own { name });
+        serve!(self, "mkdir", wait, core => core.mkdir(who, parent, name, mode, reply), own { name });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, wait, core => core.unlink(parent, name, reply), own { name });
+        serve!(self, "unlink", wait, core => core.unlink(parent, name, reply), own { name });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, wait, core => core.rmdir(parent, name, reply), own { name });
+        serve!(self, "rmdir", wait, core => core.rmdir(parent, name, reply), own { name });
     }
 
     fn symlink(
@@ -197,7 +224,7 @@ impl Filesystem for LayerFs {
     ) {
         let who = Who::of(req);
         let wait = self.view_of().name_may_wait(parent.0, link_name);
-        serve!(self, wait, core => core.symlink(who, parent, link_name, target, reply), own { link_name, target });
+        serve!(self, "symlink", wait, core => core.symlink(who, parent, link_name, target, reply), own { link_name, target });
     }
 
     fn rename(
@@ -212,7 +239,7 @@ impl Filesystem for LayerFs {
     ) {
         let view = self.view_of();
         let wait = view.name_may_wait(parent.0, name) || view.name_may_wait(newparent.0, newname);
-        serve!(self, wait, core => core.rename(parent, name, newparent, newname, flags, reply), own { name, newname });
+        serve!(self, "rename", wait, core => core.rename(parent, name, newparent, newname, flags, reply), own { name, newname });
     }
 
     fn link(
@@ -225,13 +252,13 @@ impl Filesystem for LayerFs {
     ) {
         let view = self.view_of();
         let wait = view.object_may_wait(ino.0) || view.name_may_wait(newparent.0, newname);
-        serve!(self, wait, core => core.link(ino, newparent, newname, reply), own { newname });
+        serve!(self, "link", wait, core => core.link(ino, newparent, newname, reply), own { newname });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let who = Who::of(req);
         let wait = self.view_of().object_may_wait(ino.0);
-        serve!(self, wait, core => core.open(who, ino, flags, reply), own {});
+        serve!(self, "open", wait, core => core.open(who, ino, flags, reply), own {});
     }
 
     fn read(
@@ -246,7 +273,7 @@ impl Filesystem for LayerFs {
         reply: ReplyData,
     ) {
         let wait = self.handle_may_wait(fh);
-        serve!(self, wait, core => core.read(fh, offset, size, reply), own {});
+        serve!(self, "read", wait, core => core.read(fh, offset, size, reply), own {});
     }
 
     fn write(
@@ -262,8 +289,10 @@ impl Filesystem for LayerFs {
         reply: ReplyWrite,
     ) {
         // Writable opens are always of local objects (opening one copies it up).
-        self.core
-            .write(Who::of(req), fh, offset, data, write_flags, reply);
+        let who = Who::of(req);
+        self.here("write", |core| {
+            core.write(who, fh, offset, data, write_flags, reply)
+        });
     }
 
     fn flush(
@@ -291,7 +320,7 @@ impl Filesystem for LayerFs {
     ) {
         // Closing a file of a network share can wait on it too.
         let wait = self.handle_may_wait(fh);
-        serve!(self, wait, core => core.release(fh, reply), own {});
+        serve!(self, "release", wait, core => core.release(fh, reply), own {});
     }
 
     fn fsync(
@@ -303,11 +332,11 @@ impl Filesystem for LayerFs {
         reply: ReplyEmpty,
     ) {
         let wait = self.handle_may_wait(fh);
-        serve!(self, wait, core => core.fsync(fh, datasync, reply), own {});
+        serve!(self, "fsync", wait, core => core.fsync(fh, datasync, reply), own {});
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.core.opendir(ino, reply);
+        self.here("opendir", |core| core.opendir(ino, reply));
     }
 
     fn readdir(
@@ -320,7 +349,7 @@ impl Filesystem for LayerFs {
     ) {
         // Only the first call of a listing reads the directory; later ones page through it.
         let wait = offset == 0 && self.view_of().entries_may_wait(ino.0);
-        serve!(self, wait, core => core.readdir(ino, fh, offset, reply), own {});
+        serve!(self, "readdir", wait, core => core.readdir(ino, fh, offset, reply), own {});
     }
 
     fn releasedir(
@@ -331,7 +360,7 @@ impl Filesystem for LayerFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.core.releasedir(fh, reply);
+        self.here("releasedir", |core| core.releasedir(fh, reply));
     }
 
     fn fsyncdir(
@@ -342,11 +371,11 @@ impl Filesystem for LayerFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.fsyncdir(ino, datasync, reply);
+        self.here("fsyncdir", |core| core.fsyncdir(ino, datasync, reply));
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        self.core.statfs(ino, reply);
+        self.here("statfs", |core| core.statfs(ino, reply));
     }
 
     fn setxattr(
@@ -361,27 +390,27 @@ impl Filesystem for LayerFs {
     ) {
         let who = Who::of(req);
         let wait = self.view_of().object_may_wait(ino.0);
-        serve!(self, wait, core => core.setxattr(who, ino, name, value, flags, reply), own { name, value });
+        serve!(self, "setxattr", wait, core => core.setxattr(who, ino, name, value, flags, reply), own { name, value });
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let wait = self.view_of().object_may_wait(ino.0);
-        serve!(self, wait, core => core.getxattr(ino, name, size, reply), own { name });
+        serve!(self, "getxattr", wait, core => core.getxattr(ino, name, size, reply), own { name });
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let wait = self.view_of().object_may_wait(ino.0);
-        serve!(self, wait, core => core.listxattr(ino, size, reply), own {});
+        serve!(self, "listxattr", wait, core => core.listxattr(ino, size, reply), own {});
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let who = Who::of(req);
         let wait = self.view_of().object_may_wait(ino.0);
-        serve!(self, wait, core => core.removexattr(who, ino, name, reply), own { name });
+        serve!(self, "removexattr", wait, core => core.removexattr(who, ino, name, reply), own { name });
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        self.core.access(ino, reply);
+        self.here("access", |core| core.access(ino, reply));
     }
 
     fn create(
@@ -396,7 +425,7 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, wait, core => core.create(who, parent, name, mode, flags, reply), own { name });
+        serve!(self, "create", wait, core => core.create(who, parent, name, mode, flags, reply), own { name });
     }
 
     fn fallocate(
@@ -409,8 +438,10 @@ impl Filesystem for LayerFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.core
-            .fallocate(Who::of(req), fh, offset, length, mode, reply);
+        let who = Who::of(req);
+        self.here("fallocate", |core| {
+            core.fallocate(who, fh, offset, length, mode, reply)
+        });
     }
 
     fn lseek(
@@ -423,7 +454,7 @@ impl Filesystem for LayerFs {
         reply: ReplyLseek,
     ) {
         let wait = self.handle_may_wait(fh);
-        serve!(self, wait, core => core.lseek(fh, offset, whence, reply), own {});
+        serve!(self, "lseek", wait, core => core.lseek(fh, offset, whence, reply), own {});
     }
 
     fn ioctl(
@@ -458,6 +489,16 @@ impl Filesystem for LayerFs {
         let who = Who::of(req);
         let (from, to) = ((fh_in, offset_in), (fh_out, offset_out));
         let wait = self.handle_may_wait(fh_in);
-        serve!(self, wait, core => core.copy_file_range(who, from, to, len, reply), own {});
+        serve!(self, "copy_file_range", wait, core => core.copy_file_range(who, from, to, len, reply), own {});
+    }
+}
+
+impl FsTables for Core {
+    fn open_handles(&self) -> usize {
+        self.handles.len()
+    }
+
+    fn backing_files(&self) -> usize {
+        self.backing.len()
     }
 }

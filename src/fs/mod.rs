@@ -247,7 +247,29 @@ fn errno(e: Errno) -> fuser::Errno {
         Errno::ENOENT | Errno::EEXIST | Errno::ENOTEMPTY | Errno::ENODATA | Errno::EXDEV => {}
         other => debug!(error = %other, "request failed"),
     }
+    outcome::failed(e);
     fuser::Errno::from_i32(e as i32)
+}
+
+/// What the request being served on this thread ended with, for the metrics: handlers reply
+/// themselves, and every error reply goes through [`errno`].
+mod outcome {
+    use std::cell::Cell;
+
+    use nix::errno::Errno;
+
+    thread_local! {
+        static FAILED: Cell<Option<i32>> = const { Cell::new(None) };
+    }
+
+    pub fn failed(e: Errno) {
+        FAILED.with(|f| f.set(Some(e as i32)));
+    }
+
+    /// The errno the last request on this thread failed with, if it did; forgets it.
+    pub fn take() -> Option<i32> {
+        FAILED.with(|f| f.take())
+    }
 }
 
 fn open_flags(grant: &Grant) -> FopenFlags {
@@ -334,12 +356,15 @@ impl Core {
             Ok(entry) => self.reply_entry(reply, &entry),
             // A negative entry: the kernel remembers the name is absent. Names appear only
             // through this daemon (which the kernel sees) or a refresh (which invalidates).
-            Err(Errno::ENOENT) if !self.timeouts.entry.is_zero() => reply.entry_with_ttls(
-                &self.timeouts.attr,
-                &self.timeouts.entry,
-                &attr::negative(),
-                Generation(0),
-            ),
+            Err(Errno::ENOENT) if !self.timeouts.entry.is_zero() => {
+                outcome::failed(Errno::ENOENT);
+                reply.entry_with_ttls(
+                    &self.timeouts.attr,
+                    &self.timeouts.entry,
+                    &attr::negative(),
+                    Generation(0),
+                )
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -476,7 +501,7 @@ impl Core {
             for (parent, name) in self.view.detach(&node) {
                 self.notices.drop_name(parent, name);
             }
-            return reply.error(fuser::Errno::from_i32(libc::ESTALE));
+            return reply.error(errno(Errno::ESTALE));
         };
         let fh = self.opened(&node, fd, layer, writes, &grant);
         let fopen = open_flags(&grant);
@@ -492,7 +517,7 @@ impl Core {
     fn read(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
         let handle = tri!(reply, self.file(fh));
         let Some(file) = handle.as_file() else {
-            return reply.error(fuser::Errno::EBADF);
+            return reply.error(errno(Errno::EBADF));
         };
         let copy = tri!(reply, self.copy_of(file));
         let fd = copy.as_deref().unwrap_or(&file.fd).as_fd();
@@ -524,7 +549,7 @@ impl Core {
     ) {
         let handle = tri!(reply, self.file(fh));
         let Some(file) = handle.as_file() else {
-            return reply.error(fuser::Errno::EBADF);
+            return reply.error(errno(Errno::EBADF));
         };
         let who = caller(req);
         // Direct-I/O writes by a caller without CAP_FSETID come with this instead of a
@@ -563,7 +588,7 @@ impl Core {
     fn fsync(&self, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let handle = tri!(reply, self.file(fh));
         let Some(file) = handle.as_file() else {
-            return reply.error(fuser::Errno::EBADF);
+            return reply.error(errno(Errno::EBADF));
         };
         let res = if datasync {
             nix::unistd::fdatasync(file.fd.as_fd())
@@ -578,7 +603,7 @@ impl Core {
     fn opendir(&self, ino: INodeNo, reply: ReplyOpen) {
         let node = tri!(reply, self.view.node(ino.0));
         if !node.is_dir() {
-            return reply.error(fuser::Errno::ENOTDIR);
+            return reply.error(errno(Errno::ENOTDIR));
         }
         let fh = self.handles.insert(Handle::Dir(DirHandle {
             ino: ino.0,
@@ -589,10 +614,10 @@ impl Core {
 
     fn readdir(&self, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let Some(handle) = self.handles.get(fh.0) else {
-            return reply.error(fuser::Errno::EBADF);
+            return reply.error(errno(Errno::EBADF));
         };
         let Some(dir) = handle.as_dir() else {
-            return reply.error(fuser::Errno::EBADF);
+            return reply.error(errno(Errno::EBADF));
         };
         // Offset 0 is an opendir or a rewind: take a fresh listing.
         let entries = if offset == 0 {
@@ -754,7 +779,7 @@ impl Core {
     ) {
         let handle = tri!(reply, self.file(fh));
         let Some(file) = handle.as_file() else {
-            return reply.error(fuser::Errno::EBADF);
+            return reply.error(errno(Errno::EBADF));
         };
         tri!(
             reply,
@@ -773,7 +798,7 @@ impl Core {
     fn lseek(&self, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
         let handle = tri!(reply, self.file(fh));
         let Some(file) = handle.as_file() else {
-            return reply.error(fuser::Errno::EBADF);
+            return reply.error(errno(Errno::EBADF));
         };
         let copy = tri!(reply, self.copy_of(file));
         let fd = copy.as_deref().unwrap_or(&file.fd);
@@ -797,7 +822,7 @@ impl Core {
             tri!(reply, self.file(fh_out)),
         );
         let (Some(src), Some(dst)) = (src.as_file(), dst.as_file()) else {
-            return reply.error(fuser::Errno::EBADF);
+            return reply.error(errno(Errno::EBADF));
         };
         let n = tri!(
             reply,
@@ -817,7 +842,7 @@ fn reply_sized(reply: ReplyXattr, value: &[u8], size: u32) {
     if size == 0 {
         reply.size(value.len() as u32);
     } else if (size as usize) < value.len() {
-        reply.error(fuser::Errno::from_i32(libc::ERANGE));
+        reply.error(errno(Errno::ERANGE));
     } else {
         reply.data(value);
     }

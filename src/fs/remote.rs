@@ -18,6 +18,8 @@ use std::sync::Arc;
 use crossbeam_channel::{unbounded, Sender};
 use tracing::warn;
 
+use crate::metrics::Metrics;
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// How many requests wait for a worker, and how many workers are busy.
@@ -30,32 +32,48 @@ pub struct Load {
 pub struct RemotePool {
     tx: Sender<Job>,
     load: Arc<Load>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Load {
+    fn report(&self, metrics: Option<&Metrics>) {
+        if let Some(m) = metrics {
+            m.remote_pool(
+                self.queued.load(Ordering::Relaxed),
+                self.running.load(Ordering::Relaxed),
+            );
+        }
+    }
 }
 
 impl RemotePool {
     /// Starts `workers` threads. They end when the pool is dropped and the queue is empty.
-    pub fn start(workers: usize) -> std::io::Result<RemotePool> {
+    /// `metrics`, if any, hears of every change of the pool's load.
+    pub fn start(workers: usize, metrics: Option<Arc<Metrics>>) -> std::io::Result<RemotePool> {
         let (tx, rx) = unbounded::<Job>();
         let load = Arc::new(Load::default());
         for n in 0..workers.max(1) {
-            let (rx, load) = (rx.clone(), load.clone());
+            let (rx, load, metrics) = (rx.clone(), load.clone(), metrics.clone());
             std::thread::Builder::new()
                 .name(format!("remote-{n}"))
                 .spawn(move || {
                     for job in rx {
                         load.queued.fetch_sub(1, Ordering::Relaxed);
                         load.running.fetch_add(1, Ordering::Relaxed);
+                        load.report(metrics.as_deref());
                         job();
                         load.running.fetch_sub(1, Ordering::Relaxed);
+                        load.report(metrics.as_deref());
                     }
                 })?;
         }
-        Ok(RemotePool { tx, load })
+        Ok(RemotePool { tx, load, metrics })
     }
 
     /// Runs `job` on a worker.
     pub fn run(&self, job: impl FnOnce() + Send + 'static) {
         self.load.queued.fetch_add(1, Ordering::Relaxed);
+        self.load.report(self.metrics.as_deref());
         if let Err(e) = self.tx.send(Box::new(job)) {
             // Only when every worker is gone, which a panic in a job could do: serve on the
             // calling thread rather than drop the request (its reply would say EIO).
@@ -77,7 +95,7 @@ mod tests {
 
     #[test]
     fn a_stuck_job_does_not_hold_up_the_others() {
-        let pool = RemotePool::start(2).unwrap();
+        let pool = RemotePool::start(2, None).unwrap();
         let (stuck_tx, stuck_rx) = crossbeam_channel::bounded::<()>(0);
         pool.run(move || {
             let _ = stuck_rx.recv();

@@ -323,6 +323,8 @@ pub struct Refresher {
     hidden: bool,
     /// What the remote was in the last accepted round.
     anchor: Option<Anchor>,
+    /// Told of every round.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
     accept_empty: Arc<AtomicBool>,
     /// The next scan must yield an index even if nothing changed (first round, after a
     /// failure).
@@ -371,10 +373,16 @@ impl Refresher {
             reasons: BTreeMap::new(),
             hidden: false,
             anchor: None,
+            metrics: None,
             accept_empty,
             force: true,
             watcher: None,
         }
+    }
+
+    /// Has every round, from the next one on, counted in `metrics`.
+    pub fn set_metrics(&mut self, metrics: Arc<crate::metrics::Metrics>) {
+        self.metrics = Some(metrics);
     }
 
     /// The handle the control socket answers through.
@@ -512,6 +520,9 @@ impl Refresher {
                 ms = report.duration.as_secs_f64() * 1000.0,
                 "refresh round: nothing changed"
             );
+        }
+        if let Some(m) = &self.metrics {
+            m.refresh_round(&report);
         }
         let mut state = self.state.lock();
         state.rounds += 1;

@@ -136,6 +136,11 @@ pub trait MountControl: Send + Sync {
     fn layers(&self) -> Vec<LayerInfo>;
     /// The ready images, sorted by id.
     fn images(&self) -> Vec<ImageInfo>;
+    /// The address Prometheus metrics are served on (`-o metrics=`), if they are; `status`
+    /// shows it as `metrics`.
+    fn metrics(&self) -> Option<String> {
+        None
+    }
     /// Sets, reads, lists or clears quotas; an error is a message for the user.
     fn quota(
         &self,
