@@ -16,6 +16,11 @@ command -v qemu-img >/dev/null || missing+=(qemu-utils)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 command -v losetup >/dev/null || missing+=(util-linux)
 command -v setfacl >/dev/null || missing+=(acl)
+# A remote that stalls: a FUSE carrier to freeze, and sshfs to a test's own sshd.
+command -v fuse-overlayfs >/dev/null || missing+=(fuse-overlayfs)
+command -v sshfs >/dev/null || missing+=(sshfs)
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
     apt-get update -qq
