@@ -163,3 +163,49 @@ fn an_operator_may_accept_an_emptied_remote() {
     let (ok, report) = refresh(&m, &[]);
     assert!(ok, "{report}");
 }
+
+#[test]
+fn an_unmounted_share_is_unhealthy_even_over_a_populated_directory() {
+    // The remote is a filesystem of its own (a tmpfs) mounted over a directory that holds
+    // a stale copy of the tree, as a share mounted over what a host once synced.
+    let mut m = Mount::with(
+        Options {
+            opts: "refresh=0".into(),
+            ..Options::default()
+        },
+        |remote| {
+            let status = Command::new("mount")
+                .args(["-t", "tmpfs", "tmpfs"])
+                .arg(remote)
+                .status()
+                .unwrap();
+            assert!(status.success());
+            copy_tree(&repo().join("fixtures/remote"), remote);
+        },
+    );
+    let _share = Share(m.remote.clone());
+    m.wait_for_control();
+    let (ok, report) = refresh(&m, &[]);
+    assert!(ok, "{report}");
+    detach(&m.remote);
+    // What is left is the directory below, not the share the mount started with.
+    m.accept_remote_changes();
+    let (ok, report) = refresh(&m, &[]);
+    assert!(!ok, "the round after the share went away fails: {report}");
+    let s = status(&m);
+    let error = s["remote_health"]["last_error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("vanished") && error.contains("plain directory"),
+        "{error}"
+    );
+    assert_eq!(s["remote_health"]["healthy"], false);
+}
+
+/// Detaches the share at the end, whatever happened.
+struct Share(std::path::PathBuf);
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        detach(&self.0);
+    }
+}

@@ -283,3 +283,72 @@ fn local_paths_answer_while_the_remote_is_frozen() {
         assert_eq!(&fs::read(path).unwrap(), content, "{}", path.display());
     }
 }
+
+/// Not a check but a measurement (`cargo test --release --test remote_stall -- --ignored
+/// --nocapture`): latency of local operations, p50 and p99 of 1 000 each, with the remote
+/// healthy and then frozen with 12 requests stuck on it.
+#[test]
+#[ignore = "a benchmark: run by hand, prints figures"]
+fn local_latency_with_the_remote_frozen() {
+    let mut s = Stack::new("");
+    let files = s.remote_files();
+    fs::create_dir_all(s.path("overlay/cid1/diff")).unwrap();
+    let healthy = measure(&s.mnt, "healthy");
+    drop_caches();
+    s.carrier.freeze();
+    let stuck = stick(&files, 12);
+    std::thread::sleep(Duration::from_millis(500));
+    let frozen = measure(&s.mnt, "frozen");
+    s.carrier.thaw();
+    for (child, _, _) in stuck {
+        let _ = child.wait_with_output();
+    }
+    println!("local operations, 1 000 each, microseconds (p50 / p99):");
+    println!(
+        "{:<34} {:>18} {:>18}",
+        "operation", "remote healthy", "remote frozen"
+    );
+    for ((op, h), (_, f)) in healthy.iter().zip(&frozen) {
+        println!("{op:<34} {:>8} / {:<8} {:>8} / {:<8}", h.0, h.1, f.0, f.1);
+    }
+}
+
+/// p50 and p99, in microseconds, of each kind of local operation, 1 000 times each.
+fn measure(mnt: &Path, round: &str) -> Vec<(&'static str, (u128, u128))> {
+    let n = 1000;
+    let mut out = Vec::new();
+    let mut time = |op: &'static str, f: &mut dyn FnMut(usize)| {
+        let mut us: Vec<u128> = (0..n)
+            .map(|i| {
+                let t = Instant::now();
+                f(i);
+                t.elapsed().as_micros()
+            })
+            .collect();
+        us.sort();
+        out.push((op, (us[n / 2], us[n * 99 / 100])));
+    };
+    let root = mnt.to_owned();
+    let cdir = mnt.join("overlay/cid1/diff");
+    time("create+write+close in the root", &mut |i| {
+        fs::write(root.join(format!("{round}-{i}")), b"0123456789").unwrap()
+    });
+    time("stat of a local file (cold)", &mut |i| {
+        let p = root.join(format!("{round}-{i}"));
+        // Not cached: a fresh name each time, so the kernel asks.
+        fs::metadata(p.with_extension("missing")).ok();
+    });
+    time("mkdir in a container dir", &mut |i| {
+        fs::create_dir(cdir.join(format!("{round}-{i}"))).unwrap()
+    });
+    time("list the root", &mut |_| {
+        fs::read_dir(&root).unwrap().count();
+    });
+    time("list overlay/RO", &mut |_| {
+        fs::read_dir(root.join("overlay/RO")).unwrap().count();
+    });
+    time("unlink in the root", &mut |i| {
+        fs::remove_file(root.join(format!("{round}-{i}"))).unwrap()
+    });
+    out
+}

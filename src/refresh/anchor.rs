@@ -4,13 +4,13 @@
 //! path) from the one the view's open handles still point into, nor a share that went away
 //! and left its empty mount directory behind from a remote that was emptied.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use nix::errno::Errno;
 
 use crate::store;
-use crate::view::open_root;
+use crate::view::{open_root, Zone};
 
 /// Device and inode of one directory.
 pub type Id = (u64, u64);
@@ -19,6 +19,9 @@ pub type Id = (u64, u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Anchor {
     pub root: Id,
+    /// Whether the root is a mountpoint (on another device than its parent): a share that
+    /// is unmounted leaves a plain directory of its parent's filesystem.
+    pub mounted: bool,
     /// `<driver>/RO`, `<driver>-layers/RO`, `<driver>-images`; `None` where absent.
     pub areas: [Option<Id>; 3],
 }
@@ -28,7 +31,19 @@ pub struct Anchor {
 pub struct Probed {
     pub root: OwnedFd,
     pub anchor: Anchor,
+    /// The attributes of the layout directories the remote has (see [`LAYOUT_ZONES`]): the
+    /// view shows them on its own directories in their places without asking the remote.
+    pub layout: Vec<(Zone, libc::stat)>,
 }
+
+/// The layout directories whose attributes a probe reads, with their paths.
+pub const LAYOUT_ZONES: [Zone; 5] = [
+    Zone::DriverHome,
+    Zone::DriverRo,
+    Zone::LayersHome,
+    Zone::LayersRo,
+    Zone::Images,
+];
 
 impl Anchor {
     /// Opens the remote root at `path` and reads the identities of it and its areas.
@@ -36,21 +51,37 @@ impl Anchor {
         let fail = |what: &str, e: Errno| format!("remote {what}: {e}");
         let root = open_root(path).map_err(|e| fail("root", e))?;
         let st = store::stat_fd(root.as_fd()).map_err(|e| fail("root", e))?;
-        let areas = [
-            vec![driver.to_owned(), "RO".to_owned()],
-            vec![format!("{driver}-layers"), "RO".to_owned()],
-            vec![format!("{driver}-images")],
+        let parent_dev = path
+            .parent()
+            .and_then(|p| nix::sys::stat::stat(p).ok())
+            .map(|p| p.st_dev);
+        let mounted = parent_dev.is_some_and(|dev| dev != st.st_dev);
+        let (layers, images) = (format!("{driver}-layers"), format!("{driver}-images"));
+        let paths: [Vec<&str>; 5] = [
+            vec![driver],
+            vec![driver, "RO"],
+            vec![&layers],
+            vec![&layers, "RO"],
+            vec![&images],
         ];
-        let mut ids = [None; 3];
-        for (slot, parts) in ids.iter_mut().zip(&areas) {
-            *slot = area_id(root.as_fd(), parts).map_err(|e| fail(&parts.join("/"), e))?;
+        let mut layout = Vec::new();
+        let mut found = [None; 5];
+        for ((slot, parts), zone) in found.iter_mut().zip(&paths).zip(LAYOUT_ZONES) {
+            *slot = stat_below(root.as_fd(), parts).map_err(|e| fail(&parts.join("/"), e))?;
+            if let Some(st) = slot {
+                layout.push((zone, *st));
+            }
         }
+        let id = |st: &Option<libc::stat>| st.map(|st| (st.st_dev, st.st_ino));
+        let ids = [id(&found[1]), id(&found[3]), id(&found[4])];
         Ok(Probed {
             root,
             anchor: Anchor {
                 root: (st.st_dev, st.st_ino),
+                mounted,
                 areas: ids,
             },
+            layout,
         })
     }
 
@@ -73,10 +104,14 @@ impl Anchor {
             })
     }
 
-    /// Whether the root sits on another filesystem than before (a share unmounted from its
-    /// mount directory, or another one mounted there).
-    pub fn moved_device(&self, now: &Anchor) -> bool {
-        self.root.0 != now.root.0
+    /// Why the remote looks gone rather than replaced: it was a mountpoint and is now a
+    /// plain directory of its parent's filesystem (the share was unmounted).
+    pub fn unmounted_in(&self, now: &Anchor) -> Option<String> {
+        (self.mounted && !now.mounted).then(|| {
+            "it was a mounted filesystem and is now a plain directory (the share was \
+             unmounted?)"
+                .to_owned()
+        })
     }
 }
 
@@ -87,9 +122,9 @@ fn describe(what: &str, was: Id, is: Id) -> String {
     )
 }
 
-/// The identity of the directory `parts` below `root`, not following symlinks; `None` if
-/// it is not there.
-fn area_id(root: std::os::fd::BorrowedFd<'_>, parts: &[String]) -> Result<Option<Id>, Errno> {
+/// The attributes of the directory `parts` below `root`, not following symlinks; `None`
+/// if it is not there.
+fn stat_below(root: BorrowedFd<'_>, parts: &[&str]) -> Result<Option<libc::stat>, Errno> {
     let mut dir: Option<OwnedFd> = None;
     for part in parts {
         let at = dir.as_ref().map_or(root, |d| d.as_fd());
@@ -103,8 +138,7 @@ fn area_id(root: std::os::fd::BorrowedFd<'_>, parts: &[String]) -> Result<Option
     let Some(dir) = dir else {
         return Ok(None);
     };
-    let st = store::stat_fd(dir.as_fd())?;
-    Ok(Some((st.st_dev, st.st_ino)))
+    Ok(Some(store::stat_fd(dir.as_fd())?))
 }
 
 #[cfg(test)]
@@ -112,7 +146,11 @@ mod tests {
     use super::*;
 
     fn anchor(root: Id, areas: [Option<Id>; 3]) -> Anchor {
-        Anchor { root, areas }
+        Anchor {
+            root,
+            mounted: true,
+            areas,
+        }
     }
 
     #[test]
@@ -127,7 +165,12 @@ mod tests {
         assert!(was.replaced_by(&gone).unwrap().contains("gone"));
         let remounted = anchor((7, 2), [Some((7, 3)), None, None]);
         assert!(was.replaced_by(&remounted).unwrap().contains("root"));
-        assert!(was.moved_device(&remounted));
+        assert_eq!(was.unmounted_in(&remounted), None);
+        let plain = Anchor {
+            mounted: false,
+            ..remounted
+        };
+        assert!(was.unmounted_in(&plain).is_some());
     }
 
     #[test]
@@ -139,6 +182,10 @@ mod tests {
         assert!(probed.anchor.areas[0].is_some());
         assert!(probed.anchor.areas[1].is_none());
         assert!(probed.anchor.areas[2].is_some());
+        assert!(
+            !probed.anchor.mounted,
+            "a temporary directory is no mountpoint"
+        );
         assert!(Anchor::probe(&dir.path().join("missing"), "overlay").is_err());
     }
 }

@@ -554,6 +554,16 @@ impl Refresher {
             }
         }
         if let Some(probed) = probed {
+            let gone = self.anchor.and_then(|was| was.unmounted_in(&probed.anchor));
+            if let Some(why) = gone.filter(|_| !accept_empty) {
+                self.force = true;
+                return Err(format!(
+                    "remote vanished: {} {why}; the last good view stays. If it was \
+                     unmounted on purpose, run `layerfs refresh --accept-empty {}`",
+                    self.remote.display(),
+                    self.handle.info.mountpoint.display(),
+                ));
+            }
             let replaced = self.anchor.and_then(|was| was.replaced_by(&probed.anchor));
             if let Some(why) = replaced {
                 warn!(remote = %self.remote.display(), %why, "remote replaced: re-opening it");
@@ -562,6 +572,7 @@ impl Refresher {
                 // The next scans must not trust what they cached of the old tree.
                 self.force = true;
             }
+            self.view.set_layout_attrs(probed.layout);
             self.anchor = Some(probed.anchor);
         }
         Ok(index)

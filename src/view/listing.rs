@@ -160,6 +160,16 @@ impl View {
         };
         for name in skeleton {
             let name = OsString::from(name);
+            // A local directory in a skeleton place is numbered by the place too.
+            if let Some(&at) = seen.get(&name).filter(|&&at| at != usize::MAX) {
+                if out[at].kind == Kind::Dir {
+                    out[at].ino = self.inodes.listed_number(&Identity::Virtual {
+                        parent: ino,
+                        name: name.clone(),
+                    });
+                }
+                continue;
+            }
             if !seen.contains_key(&name) {
                 seen.insert(name.clone(), out.len());
                 let ino = self.inodes.listed_number(&Identity::Virtual {

@@ -141,6 +141,9 @@ pub struct View {
     local_root: Arc<OwnedFd>,
     /// Owner and times given to synthesized objects.
     virtual_base: Stat,
+    /// The attributes the remote gives the layout directories (`<driver>/`, `RO/`, …), as
+    /// last read by a refresh round: shown on the view's synthesized ones.
+    layout_attrs: RwLock<std::collections::HashMap<Zone, Stat>>,
 }
 
 impl View {
@@ -189,6 +192,7 @@ impl View {
             quotas: Quotas::new(Errno::ENOSPC),
             local_root,
             virtual_base,
+            layout_attrs: Default::default(),
         })
     }
 
@@ -410,11 +414,13 @@ impl View {
         let kind = Kind::from_mode(st.st_mode);
         let mut state = NodeState::new(layer);
         let mut identities = Vec::with_capacity(3);
-        // A shared object's directory is known by its place in its area (its first
-        // identity, which numbers it): the area's listing can then number it without
-        // asking the remote, and a refresh that removes the object unbinds it.
-        if parent.zone.lists_shared() && kind == Kind::Dir {
-            identities.push(virtual_identity(parent, name));
+        // The layout's directories and a shared object's directory are known by their
+        // place (their first identity, which numbers them): a listing can then number
+        // them without asking the remote, and a copy-up keeps the number.
+        let placed = parent.zone.lists_shared() || refresh::LAYOUT_DIRS.contains(&zone);
+        let place = (placed && kind == Kind::Dir).then(|| virtual_identity(parent, name));
+        if let Some(place) = &place {
+            identities.push(place.clone());
         }
         if kind != Kind::Dir {
             identities.push(match layer {
@@ -440,6 +446,9 @@ impl View {
             identities.push(local_identity(&st));
             state.local = Some(Arc::new(fd));
         }
+        if let Some(place) = &place {
+            self.claim_place(parent, name, place, &identities[1..]);
+        }
         let new = NewNode {
             kind,
             zone,
@@ -447,6 +456,25 @@ impl View {
             identities,
         };
         Ok((new, Some(st)))
+    }
+
+    /// A live node holding the place of a shared object but none of `objects` holds an
+    /// object that is gone (removed and made again under the same id): it keeps what the
+    /// kernel has open of it, and the place, with a new number, goes to the new node.
+    fn claim_place(&self, parent: &Node, name: &OsStr, place: &Identity, objects: &[Identity]) {
+        let Some(live) = self
+            .inodes
+            .live_number(place)
+            .and_then(|ino| self.inodes.get(ino))
+        else {
+            return;
+        };
+        let same = objects
+            .iter()
+            .any(|id| live.state().identities.contains(id));
+        if !same {
+            self.inodes.unbind_virtual(parent.ino, &name.to_owned());
+        }
     }
 
     /// The remote directory a local directory `name` of `parent` merges with, if any. A
@@ -494,8 +522,31 @@ impl View {
         st
     }
 
+    /// Takes the attributes of the remote's layout directories (a refresh round read them).
+    pub fn set_layout_attrs(&self, attrs: Vec<(Zone, Stat)>) {
+        *self.layout_attrs.write() = attrs.into_iter().collect();
+    }
+
     fn virtual_stat(&self, node: &Node) -> Stat {
         let mut st = self.virtual_base;
+        let remote = node
+            .is_dir()
+            .then(|| self.layout_attrs.read().get(&node.zone).copied())
+            .flatten();
+        if let Some(remote) = remote {
+            st.st_mode = remote.st_mode;
+            st.st_uid = remote.st_uid;
+            st.st_gid = remote.st_gid;
+            st.st_atime = remote.st_atime;
+            st.st_atime_nsec = remote.st_atime_nsec;
+            st.st_mtime = remote.st_mtime;
+            st.st_mtime_nsec = remote.st_mtime_nsec;
+            st.st_ctime = remote.st_ctime;
+            st.st_ctime_nsec = remote.st_ctime_nsec;
+            st.st_ino = node.ino;
+            st.st_nlink = 1;
+            return st;
+        }
         st.st_ino = node.ino;
         match &node.state().link {
             Some(target) => {
