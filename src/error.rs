@@ -16,6 +16,8 @@ pub enum Error {
     },
     #[error("mountpoint {} is busy: something is already mounted there", .0.display())]
     Busy(PathBuf),
+    #[error(transparent)]
+    DeadMount(#[from] crate::fs::kernel_mount::DeadMount),
     #[error("/dev/fuse is not usable ({0}); load the fuse module or run where FUSE is allowed")]
     NoFuse(String),
     #[error("mounting {}: {source}", path.display())]

@@ -1,7 +1,8 @@
 //! Starting a mount from a front end: the `layerfs mount` command and the `mount.layerfs`
 //! helper do the same steps, in the same order, through this one function.
 //!
-//! 1. Validate the configuration, so a bad one fails with one line and nothing started.
+//! 1. Take back a mountpoint that a killed daemon's dead mount still holds, then validate
+//!    the configuration, so a bad one fails with one line and nothing started.
 //! 2. Detach (unless in the foreground): the command returns only once the mount is live,
 //!    with `failure_code` if it never becomes so (mount(8) wants 32 from its helpers).
 //! 3. Log: to stderr in the foreground; detached, to the journal when there is one (and
@@ -21,6 +22,7 @@ use crate::error::{Error, Result};
 /// Mounts `config` and serves it until it is unmounted. In the detaching parent this does
 /// not return: the process exits with 0 or `failure_code`.
 pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
+    crate::fs::kernel_mount::reclaim_dead(&config.mountpoint)?;
     config.validate()?;
     let mut readiness = if config.foreground {
         Readiness::foreground()

@@ -12,7 +12,10 @@ const NAMES: [&str; 2] = ["/sbin/mount.layerfs", "/sbin/mount.fuse.layerfs"];
 
 /// Tests run in parallel: the first installs the helper, the last removes it (and puts
 /// back whatever was there before).
-static INSTALLED: Mutex<(usize, Vec<(PathBuf, Option<PathBuf>)>)> = Mutex::new((0, Vec::new()));
+static INSTALLED: Mutex<(usize, Vec<Replaced>)> = Mutex::new((0, Vec::new()));
+
+/// An installed name, and where what it replaced was moved.
+type Replaced = (PathBuf, Option<PathBuf>);
 
 struct Installed;
 
@@ -268,4 +271,46 @@ fn fake_mode_checks_without_mounting() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!is_mounted(&t.mnt));
+}
+
+/// The pid of the one daemon whose command line names `mnt`.
+fn daemon_of(mnt: &Path) -> i32 {
+    let want = mnt.as_os_str().as_encoded_bytes();
+    let pids: Vec<i32> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmdline = fs::read(e.path().join("cmdline")).ok()?;
+            cmdline.split(|b| *b == 0).any(|a| a == want).then_some(pid)
+        })
+        .collect();
+    assert_eq!(pids.len(), 1, "daemons for {}: {pids:?}", mnt.display());
+    pids[0]
+}
+
+#[test]
+fn a_mountpoint_left_by_a_killed_daemon_is_mounted_again() {
+    let t = Trees::new();
+    assert!(t.mount(&[]).status.success());
+    let pid = daemon_of(&t.mnt);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fs::read_dir(&t.mnt).map(drop).is_ok() {
+        assert!(Instant::now() < deadline, "the mount does not die");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = t.mount(&[]);
+    assert!(out.status.success(), "mount after a kill: {}", stderr(&out));
+    t.assert_serves();
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let at = info
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == t.mnt.to_str())
+        .count();
+    assert_eq!(at, 1, "the dead mount is still stacked below the new one");
 }

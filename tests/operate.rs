@@ -1,0 +1,246 @@
+//! Operating a mount (DESIGN §2, §8, §9): reclaiming a mountpoint a killed daemon left, one
+//! daemon per local tree, root-only commands, a busy unmount that says why, and options
+//! changed on a live mount.
+
+mod common;
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+
+/// Fresh `remote` (a fixture copy), `local` and `mnt` dirs, reachable by any user. Whatever
+/// is still mounted at `mnt` or below it is unmounted on drop, even when a test fails.
+struct Dirs {
+    tmp: tempfile::TempDir,
+    remote: PathBuf,
+    local: PathBuf,
+    mnt: PathBuf,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let tmp = tempfile::Builder::new()
+            .prefix("layerfs-operate")
+            .tempdir()
+            .unwrap();
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let remote = tmp.path().join("remote");
+        copy_tree(&repo().join("fixtures/remote"), &remote);
+        let (local, mnt) = (tmp.path().join("local"), tmp.path().join("mnt"));
+        fs::create_dir(&local).unwrap();
+        fs::create_dir(&mnt).unwrap();
+        Dirs {
+            tmp,
+            remote,
+            local,
+            mnt,
+        }
+    }
+
+    fn args(&self, mnt: &Path, extra: &[&str]) -> Vec<OsString> {
+        let mut v: Vec<OsString> = vec![
+            "--remote".into(),
+            self.remote.clone().into(),
+            "--local".into(),
+            self.local.clone().into(),
+            "-o".into(),
+            "allow_other".into(),
+        ];
+        v.extend(extra.iter().map(OsString::from));
+        v.push(mnt.into());
+        v
+    }
+
+    /// `layerfs mount` in daemon mode, at `mnt`.
+    fn mount_at(&self, mnt: &Path, extra: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("mount")
+            .args(self.args(mnt, extra))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run layerfs")
+    }
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        // Deepest first: mounts stacked inside a view keep it busy.
+        let mut points: Vec<PathBuf> = mounts_under(self.tmp.path());
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in points {
+            let ok = Command::new("umount")
+                .arg(&p)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&p).status();
+            }
+        }
+    }
+}
+
+/// Mountpoints at or below `dir`, from this process's mountinfo.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut v: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    v.dedup();
+    v
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn assert_ok(out: &Output, what: &str) {
+    assert!(out.status.success(), "{what}: {}", stderr(out));
+}
+
+/// Pids of live processes with `arg` as one of their arguments.
+fn processes_with_arg(arg: &Path) -> Vec<i32> {
+    let want = arg.as_os_str().as_encoded_bytes();
+    let mut pids = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline.split(|b| *b == 0).any(|a| a == want) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Kills the daemon of the mount at `mnt` with SIGKILL, as a crash would, and waits until
+/// its mount is dead (`ENOTCONN`).
+fn kill_daemon_of(mnt: &Path) {
+    let pids = processes_with_arg(mnt);
+    assert_eq!(pids.len(), 1, "daemons for {}: {pids:?}", mnt.display());
+    // SAFETY: signalling a daemon this test started.
+    assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
+    eventually(20, "the mount to be dead", || {
+        stat_errno(mnt) == Some(libc::ENOTCONN)
+    });
+}
+
+fn stat_errno(path: &Path) -> Option<i32> {
+    fs::metadata(path).err().and_then(|e| e.raw_os_error())
+}
+
+/// How many mounts stand exactly at `mnt`.
+fn mounts_at(mnt: &Path) -> usize {
+    mounts_under(mnt).iter().filter(|p| *p == mnt).count()
+}
+
+fn assert_serves(mnt: &Path) {
+    assert!(
+        fs::read_link(mnt.join("overlay").join(id("L1"))).is_ok(),
+        "{} does not serve the layout",
+        mnt.display()
+    );
+}
+
+/// `mount(2)`s a FUSE filesystem of type `fuse.<subtype>` at `mnt` and closes its device
+/// at once: what a daemon that dies leaves behind.
+fn dead_fuse_mount(mnt: &Path, subtype: &str) {
+    use std::os::fd::AsRawFd;
+    let dev = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .unwrap();
+    let data = format!("fd={},rootmode=40000,user_id=0,group_id=0", dev.as_raw_fd());
+    nix::mount::mount(
+        Some("dead"),
+        mnt,
+        Some(format!("fuse.{subtype}").as_str()),
+        nix::mount::MsFlags::empty(),
+        Some(data.as_str()),
+    )
+    .unwrap();
+    drop(dev);
+    eventually(10, "the mount to be dead", || {
+        stat_errno(mnt) == Some(libc::ENOTCONN)
+    });
+}
+
+// ---- 1. A mountpoint a killed daemon left ----
+
+#[test]
+fn mount_reclaims_a_mountpoint_left_by_a_killed_daemon() {
+    let d = Dirs::new();
+    assert_ok(&d.mount_at(&d.mnt, &[]), "first mount");
+    fs::create_dir(d.mnt.join("overlay/c1")).unwrap();
+    kill_daemon_of(&d.mnt);
+
+    let out = d.mount_at(&d.mnt, &[]);
+    assert_ok(&out, "mount over the dead mount");
+    assert_eq!(
+        mounts_at(&d.mnt),
+        1,
+        "the dead mount is still stacked below"
+    );
+    assert_serves(&d.mnt);
+    assert!(d.mnt.join("overlay/c1").is_dir(), "local is served again");
+    let status = Command::new(BIN)
+        .arg("status")
+        .arg(&d.mnt)
+        .output()
+        .unwrap();
+    assert_ok(&status, "status of the new mount");
+    let out = Command::new(BIN)
+        .arg("umount")
+        .arg(&d.mnt)
+        .output()
+        .unwrap();
+    assert_ok(&out, "umount");
+    assert_eq!(mounts_at(&d.mnt), 0);
+}
+
+#[test]
+fn a_dead_mount_that_is_not_ours_is_named_with_its_cure() {
+    let d = Dirs::new();
+    dead_fuse_mount(&d.mnt, "other");
+    let out = d.mount_at(&d.mnt, &[]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "mounted: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+    let mnt = d.mnt.display().to_string();
+    for needle in ["fuse.other", &mnt, &format!("umount -l {mnt}")] {
+        assert!(err.contains(needle), "{needle:?} not in {err:?}");
+    }
+    // Left as it was.
+    assert_eq!(mounts_at(&d.mnt), 1);
+    assert_eq!(stat_errno(&d.mnt), Some(libc::ENOTCONN));
+}
+
+#[test]
+fn a_caller_who_cannot_detach_the_dead_mount_is_told_how() {
+    let d = Dirs::new();
+    assert_ok(&d.mount_at(&d.mnt, &[]), "first mount");
+    kill_daemon_of(&d.mnt);
+    let (ok, out) = sh_as_nobody(&format!(
+        "{BIN} mount --remote {} --local {} {}",
+        d.remote.display(),
+        d.local.display(),
+        d.mnt.display()
+    ));
+    assert!(!ok, "{out}");
+    let mnt = d.mnt.display().to_string();
+    for needle in ["fuse.layerfs", &format!("umount -l {mnt}")] {
+        assert!(out.contains(needle), "{needle:?} not in {out:?}");
+    }
+    assert_eq!(mounts_at(&d.mnt), 1);
+}
