@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -39,6 +39,13 @@ impl Dirs {
             local,
             mnt,
         }
+    }
+
+    /// Another mountpoint in the same temp dir.
+    fn mountpoint(&self, name: &str) -> PathBuf {
+        let p = self.tmp.path().join(name);
+        fs::create_dir(&p).unwrap();
+        p
     }
 
     fn args(&self, mnt: &Path, extra: &[&str]) -> Vec<OsString> {
@@ -243,4 +250,92 @@ fn a_caller_who_cannot_detach_the_dead_mount_is_told_how() {
         assert!(out.contains(needle), "{needle:?} not in {out:?}");
     }
     assert_eq!(mounts_at(&d.mnt), 1);
+}
+
+// ---- 3. Root only, said the same way by every command ----
+
+/// Runs `layerfs ARGS` as nobody (uid and gid 65534, no supplementary groups).
+fn as_nobody(args: &[&OsStr]) -> Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv")
+}
+
+#[test]
+fn every_command_says_root_only_the_same_way() {
+    let d = Dirs::new();
+    assert_ok(&d.mount_at(&d.mnt, &[]), "mount");
+    fs::create_dir(d.mnt.join("overlay/c1")).unwrap();
+    let other = d.mountpoint("other");
+    let m = d.mnt.as_os_str();
+    let mut runs: Vec<(&str, Vec<&OsStr>, &Path)> = vec![
+        ("status", vec![os("status"), m], &d.mnt),
+        ("status --json", vec![os("status"), os("--json"), m], &d.mnt),
+        ("refresh", vec![os("refresh"), m], &d.mnt),
+        ("layers", vec![os("layers"), m], &d.mnt),
+        ("images", vec![os("images"), m], &d.mnt),
+        ("umount", vec![os("umount"), m], &d.mnt),
+        ("quota list", vec![os("quota"), os("list"), m], &d.mnt),
+        (
+            "quota get",
+            vec![os("quota"), os("get"), m, os("overlay/c1")],
+            &d.mnt,
+        ),
+        (
+            "quota clear",
+            vec![os("quota"), os("clear"), m, os("overlay/c1")],
+            &d.mnt,
+        ),
+        (
+            "quota set",
+            vec![os("quota"), os("set"), m, os("overlay/c1"), os("1G")],
+            &d.mnt,
+        ),
+    ];
+    // Where nobody may open /dev/fuse, mounting is root's alone too.
+    let fuse_mode = fs::metadata("/dev/fuse").unwrap().permissions().mode();
+    let mount_args: Vec<OsString> = std::iter::once(OsString::from("mount"))
+        .chain(d.args(&other, &[]))
+        .collect();
+    if fuse_mode & 0o006 == 0 {
+        runs.push((
+            "mount",
+            mount_args.iter().map(OsString::as_os_str).collect(),
+            &other,
+        ));
+    }
+    for (verb, args, target) in &runs {
+        let out = as_nobody(args);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{verb}: succeeded: {err}");
+        assert_eq!(
+            err,
+            format!(
+                "layerfs: {}: permission denied (root only)\n",
+                target.display()
+            ),
+            "{verb}"
+        );
+        assert!(out.stdout.is_empty(), "{verb}: {:?}", out.stdout);
+    }
+    // The CSI driver is root's too.
+    let out = as_nobody(&[os("csi"), os("--node-id"), os("n1")]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).ends_with(": permission denied (root only)\n"),
+        "csi: {}",
+        stderr(&out)
+    );
+    // Nothing changed: the mount still serves, root may still ask.
+    assert_serves(&d.mnt);
+    assert!(!is_mounted(&other));
+    let out = Command::new(BIN)
+        .arg("status")
+        .arg(&d.mnt)
+        .output()
+        .unwrap();
+    assert_ok(&out, "status as root");
 }

@@ -31,8 +31,9 @@ pub enum ClientError {
         mountpoint: PathBuf,
         socket: PathBuf,
     },
-    #[error("control socket {}: permission denied (it is root's)", socket.display())]
-    Denied { socket: PathBuf },
+    /// The caller is not root: the run dir, the socket or the server kept it out.
+    #[error("{}: {}", mountpoint.display(), protocol::ROOT_ONLY)]
+    Denied { mountpoint: PathBuf },
     #[error("control socket {}: {source}", socket.display())]
     Io {
         socket: PathBuf,
@@ -85,7 +86,7 @@ pub fn ask_at(mountpoint: &Path, socket: &Path, request: &Request) -> Result<Val
             socket: socket.to_owned(),
         },
         io::ErrorKind::PermissionDenied => ClientError::Denied {
-            socket: socket.to_owned(),
+            mountpoint: mountpoint.to_owned(),
         },
         _ => io_err(e),
     })?;
@@ -122,15 +123,28 @@ pub fn ask_at(mountpoint: &Path, socket: &Path, request: &Request) -> Result<Val
             .get_mut(op.key())
             .map(Value::take)
             .ok_or_else(|| bad(format!("no '{}' in it", op.key()))),
-        Some(false) => Err(ClientError::Refused {
-            mountpoint: mountpoint.to_owned(),
-            message: answer
+        Some(false) => {
+            let message = answer
                 .get("error")
                 .and_then(Value::as_str)
-                .unwrap_or("unspecified error")
-                .to_owned(),
-        }),
+                .unwrap_or("unspecified error");
+            Err(refused(mountpoint, message))
+        }
         None => Err(bad("no 'ok' in it".into())),
+    }
+}
+
+/// A server's refusal; one that keeps out a caller who is not root reads like every other
+/// command's (older daemons said it in their own words).
+fn refused(mountpoint: &Path, message: &str) -> ClientError {
+    if message == protocol::ROOT_ONLY || message.starts_with("permission denied: only root") {
+        return ClientError::Denied {
+            mountpoint: mountpoint.to_owned(),
+        };
+    }
+    ClientError::Refused {
+        mountpoint: mountpoint.to_owned(),
+        message: message.to_owned(),
     }
 }
 

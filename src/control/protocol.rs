@@ -19,6 +19,10 @@ use crate::refresh::report::MountControl;
 /// closed (there is no telling where the next request would start).
 pub const MAX_REQUEST: usize = 64 * 1024;
 
+/// How every command refuses a caller who is not root, and how the server refuses a client:
+/// one wording, whichever side finds out first.
+pub const ROOT_ONLY: &str = "permission denied (root only)";
+
 /// What a client can ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

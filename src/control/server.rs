@@ -259,9 +259,7 @@ fn serve_connection(
         }
         Ok(libc::ucred { uid, .. }) => {
             debug!(uid, "control socket: refused a client");
-            let _ = writer.write_all(&protocol::encode(&protocol::error(
-                "permission denied: only root may use the control socket",
-            )));
+            let _ = writer.write_all(&protocol::encode(&protocol::error(protocol::ROOT_ONLY)));
             return;
         }
         Err(_) => return,

@@ -17,6 +17,8 @@ pub enum UmountError {
         mountpoint: PathBuf,
         socket: PathBuf,
     },
+    #[error("{}: {}", .0.display(), super::protocol::ROOT_ONLY)]
+    Denied(PathBuf),
     #[error("{} is busy: processes still use it (fuser -vm {} lists them; umount -l detaches it lazily)", .0.display(), .0.display())]
     Busy(PathBuf),
     #[error("unmounting {}: {source}", mountpoint.display())]
@@ -32,12 +34,18 @@ pub enum UmountError {
 pub fn umount(mountpoint: &Path, wait: Duration) -> Result<PathBuf, UmountError> {
     let mountpoint = client::resolve_mountpoint(mountpoint);
     let socket = socket_path(&mountpoint);
-    if !socket.exists() {
-        return Err(UmountError::NotLayerfs { mountpoint, socket });
+    // The run dir is root's: a caller kept out of it cannot tell whether a mount is there.
+    match std::fs::symlink_metadata(&socket) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(UmountError::Denied(mountpoint))
+        }
+        Err(_) => return Err(UmountError::NotLayerfs { mountpoint, socket }),
     }
     match nix::mount::umount2(&mountpoint, nix::mount::MntFlags::empty()) {
         Ok(()) => {}
         Err(Errno::EBUSY) => return Err(UmountError::Busy(mountpoint)),
+        Err(Errno::EPERM) => return Err(UmountError::Denied(mountpoint)),
         Err(source) => return Err(UmountError::Unmount { mountpoint, source }),
     }
     let deadline = Instant::now() + wait;
