@@ -2,7 +2,8 @@
 //! helper do the same steps, in the same order, through this one function.
 //!
 //! 1. Take back a mountpoint that a killed daemon's dead mount still holds, then validate
-//!    the configuration, so a bad one fails with one line and nothing started.
+//!    the configuration, so a bad one fails with one line and nothing started; lock the
+//!    local tree against a second daemon.
 //! 2. Detach (unless in the foreground): the command returns only once the mount is live,
 //!    with `failure_code` if it never becomes so (mount(8) wants 32 from its helpers).
 //! 3. Log: to stderr in the foreground; detached, to the journal when there is one (and
@@ -24,6 +25,10 @@ use crate::error::{Error, Result};
 pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
     crate::fs::kernel_mount::reclaim_dead(&config.mountpoint)?;
     config.validate()?;
+    // Taken before detaching, so a refusal is a startup error like the others; the daemon
+    // inherits the lock (it belongs to the open file, which the fork shares) and holds it
+    // until it exits.
+    let _local = crate::local_lock::take(&config.local)?;
     let mut readiness = if config.foreground {
         Readiness::foreground()
     } else {

@@ -339,3 +339,39 @@ fn every_command_says_root_only_the_same_way() {
         .unwrap();
     assert_ok(&out, "status as root");
 }
+
+// ---- 4. One daemon per local tree ----
+
+#[test]
+fn a_second_mount_of_the_same_local_is_refused() {
+    let d = Dirs::new();
+    assert_ok(&d.mount_at(&d.mnt, &[]), "first mount");
+    fs::write(d.mnt.join("overlay/before"), b"1").unwrap();
+    let other = d.mountpoint("other");
+    let out = d.mount_at(&other, &[]);
+    let err = stderr(&out);
+    assert!(
+        !out.status.success(),
+        "a second daemon over the same local: {err}"
+    );
+    assert!(!is_mounted(&other), "mounted anyway");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+    for needle in [&d.local, &d.mnt] {
+        let needle = needle.display().to_string();
+        assert!(err.contains(&needle), "{needle:?} not in {err:?}");
+    }
+    // The first keeps serving, reads and writes.
+    assert_eq!(fs::read(d.mnt.join("overlay/before")).unwrap(), b"1");
+    fs::write(d.mnt.join("overlay/after"), b"2").unwrap();
+    assert_eq!(fs::read(d.local.join("overlay/after")).unwrap(), b"2");
+    assert_serves(&d.mnt);
+    // Once it is unmounted the local tree is free again.
+    let out = Command::new(BIN)
+        .arg("umount")
+        .arg(&d.mnt)
+        .output()
+        .unwrap();
+    assert_ok(&out, "umount");
+    assert_ok(&d.mount_at(&other, &[]), "mount once the first is gone");
+    assert!(other.join("overlay/after").is_file());
+}

@@ -106,7 +106,11 @@ pub struct DeadMount {
 /// take its place. Nothing is done unless the mountpoint answers `ENOTCONN`; the dead mount
 /// must be the top one at that path and `fuse.layerfs`. Returns whether one was detached.
 pub fn reclaim_dead(mountpoint: &Path) -> Result<bool, DeadMount> {
-    if ask_root(mountpoint) != Err(Errno::ENOTCONN) {
+    // A request caught in flight as the connection ends gets ECONNABORTED; later ones ENOTCONN.
+    if !matches!(
+        ask_root(mountpoint),
+        Err(Errno::ENOTCONN | Errno::ECONNABORTED)
+    ) {
         return Ok(false);
     }
     // The path cannot be resolved through the dead mount itself, only up to it.
