@@ -375,3 +375,46 @@ fn a_second_mount_of_the_same_local_is_refused() {
     assert_ok(&d.mount_at(&other, &[]), "mount once the first is gone");
     assert!(other.join("overlay/after").is_file());
 }
+
+// ---- 2. A busy unmount says what keeps it busy ----
+
+#[test]
+fn a_busy_umount_names_the_mounts_inside_the_view() {
+    let d = Dirs::new();
+    assert_ok(&d.mount_at(&d.mnt, &[]), "mount");
+    let inner = d.mnt.join("overlay/c1");
+    fs::create_dir(&inner).unwrap();
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "scratch"])
+        .arg(&inner)
+        .output()
+        .unwrap();
+    assert_ok(&out, "tmpfs inside the view");
+
+    let out = Command::new(BIN)
+        .arg("umount")
+        .arg(&d.mnt)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "unmounted a busy view: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+    let inner_s = inner.display().to_string();
+    for needle in ["busy", "tmpfs", &inner_s] {
+        assert!(err.contains(needle), "{needle:?} not in {err:?}");
+    }
+    assert_serves(&d.mnt);
+
+    // With the inner mount gone, it unmounts.
+    assert_ok(
+        &Command::new("umount").arg(&inner).output().unwrap(),
+        "umount inner",
+    );
+    let out = Command::new(BIN)
+        .arg("umount")
+        .arg(&d.mnt)
+        .output()
+        .unwrap();
+    assert_ok(&out, "umount");
+    assert!(!is_mounted(&d.mnt));
+}
