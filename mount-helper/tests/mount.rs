@@ -314,3 +314,85 @@ fn a_mountpoint_left_by_a_killed_daemon_is_mounted_again() {
         .count();
     assert_eq!(at, 1, "the dead mount is still stacked below the new one");
 }
+
+/// The mount's `status`, through its control socket.
+fn status(mnt: &Path) -> layerfs::control::protocol::StatusView {
+    let v = layerfs::control::query(mnt, layerfs::control::Op::Status).unwrap();
+    serde_json::from_value(v).unwrap()
+}
+
+fn helper(t: &Trees, options: &str) -> Output {
+    Command::new(HELPER)
+        .arg(&t.remote)
+        .arg(&t.mnt)
+        .args(["-o", options])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn remount_changes_the_refresh_interval_and_the_log_level_live() {
+    let t = Trees::new();
+    let log = t.dir.path().join("log");
+    let out = t.mount(&["-o", &format!("refresh=30,log_file={}", log.display())]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let wait = |what: &str, check: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !check() {
+            assert!(Instant::now() < deadline, "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait("the control socket", &|| {
+        layerfs::control::query(&t.mnt, layerfs::control::Op::Status).is_ok()
+    });
+    assert_eq!(status(&t.mnt).refresh_interval_secs, 30.0);
+    let debug_lines = || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("DEBUG"))
+            .count()
+    };
+    assert_eq!(debug_lines(), 0, "debug lines at level info");
+
+    // As mount(8) passes them: the kernel's options and the mount's own come along.
+    let out = helper(
+        &t,
+        &format!(
+            "rw,nosuid,nodev,relatime,user_id=0,group_id=0,allow_other,local={},remount,refresh=200ms,log=debug",
+            t.local.display()
+        ),
+    );
+    assert!(out.status.success(), "remount: {}", stderr(&out));
+    assert_eq!(status(&t.mnt).refresh_interval_secs, 0.2);
+    // Rounds now come every 200 ms, and the idle ones are logged at debug level.
+    let rounds = status(&t.mnt).rounds;
+    wait("rounds at the new interval", &|| {
+        status(&t.mnt).rounds >= rounds + 3
+    });
+    wait("debug lines in the log", &|| debug_lines() > 0);
+    t.assert_serves();
+}
+
+#[test]
+fn remount_refuses_what_cannot_change_live_and_names_it() {
+    let t = Trees::new();
+    assert!(t.mount(&["-o", "refresh=30"]).status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while layerfs::control::query(&t.mnt, layerfs::control::Op::Status).is_err() {
+        assert!(Instant::now() < deadline, "no control socket");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = helper(&t, "remount,refresh=1,threads=3,nopassthrough");
+    assert_eq!(out.status.code(), Some(32), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("threads=3, nopassthrough"), "{err}");
+    assert!(!err.contains("refresh=1,"), "{err}");
+    // Nothing was applied.
+    assert_eq!(status(&t.mnt).refresh_interval_secs, 30.0);
+    let out = helper(&t, "remount,bogus_option");
+    assert_eq!(out.status.code(), Some(32));
+    assert!(stderr(&out).contains("bogus_option"), "{}", stderr(&out));
+    t.assert_serves();
+}

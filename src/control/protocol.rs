@@ -13,6 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::reconfigure::Reconfigure;
 use crate::refresh::report::MountControl;
 
 /// The longest request line the server reads; a longer one is refused and its connection
@@ -39,6 +40,8 @@ pub enum Op {
     QuotaList,
     #[serde(rename = "quota_clear")]
     QuotaClear,
+    /// Change options of the running mount (`mount -o remount,…`).
+    Reconfigure,
 }
 
 impl Op {
@@ -51,6 +54,7 @@ impl Op {
             Op::Images => "images",
             Op::QuotaSet | Op::QuotaGet | Op::QuotaClear => "quota",
             Op::QuotaList => "quotas",
+            Op::Reconfigure => "reconfigured",
         }
     }
 }
@@ -67,6 +71,9 @@ pub struct Request {
     /// `quota_set`: an optional limit on the number of inodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inodes: Option<u64>,
+    /// `reconfigure`: mount options, as `-o` takes them one by one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
 }
 
 impl Request {
@@ -76,6 +83,7 @@ impl Request {
             path: None,
             size: None,
             inodes: None,
+            options: Vec::new(),
         }
     }
 }
@@ -169,14 +177,28 @@ pub enum QuotaAnswer {
 /// Answers one request line; `admin`: the client has `CAP_SYS_ADMIN`, which changing a
 /// quota takes.
 pub fn answer(handle: &dyn MountControl, line: &[u8], admin: bool) -> Vec<u8> {
+    answer_with(handle, None, line, admin)
+}
+
+/// [`answer`], for a mount that can also change options live.
+pub fn answer_with(
+    handle: &dyn MountControl,
+    live: Option<&dyn Reconfigure>,
+    line: &[u8],
+    admin: bool,
+) -> Vec<u8> {
     let reply = match serde_json::from_slice::<Request>(line) {
         Ok(request) if !admin && matches!(request.op, Op::QuotaSet | Op::QuotaClear) => {
             error("permission denied: changing a quota needs CAP_SYS_ADMIN")
         }
+        // As remount(2) does.
+        Ok(request) if !admin && request.op == Op::Reconfigure => {
+            error("permission denied: changing mount options needs CAP_SYS_ADMIN")
+        }
         Ok(request) => {
             let op = request.op;
             // A bug in the engine must cost this answer, not the connection thread.
-            match catch_unwind(AssertUnwindSafe(|| payload(handle, &request))) {
+            match catch_unwind(AssertUnwindSafe(|| payload(handle, live, &request))) {
                 Ok(Ok(value)) => json!({ "ok": true, op.key(): value }),
                 Ok(Err(message)) => error(&message),
                 Err(_) => error("internal error answering the request (see the mount's log)"),
@@ -187,7 +209,11 @@ pub fn answer(handle: &dyn MountControl, line: &[u8], admin: bool) -> Vec<u8> {
     encode(&reply)
 }
 
-fn payload(handle: &dyn MountControl, request: &Request) -> Result<Value, String> {
+fn payload(
+    handle: &dyn MountControl,
+    live: Option<&dyn Reconfigure>,
+    request: &Request,
+) -> Result<Value, String> {
     let encoded = match request.op {
         Op::Status => serde_json::to_value(handle.status()),
         Op::Refresh => serde_json::to_value(handle.refresh()),
@@ -197,6 +223,10 @@ fn payload(handle: &dyn MountControl, request: &Request) -> Result<Value, String
             let question = QuotaRequest::from_request(request)?;
             serde_json::to_value(handle.quota(question)?)
         }
+        Op::Reconfigure => match live {
+            Some(live) => serde_json::to_value(live.reconfigure(&request.options)?),
+            None => return Err("this mount cannot change options while mounted".into()),
+        },
     };
     encoded.map_err(|e| format!("encoding the answer: {e}"))
 }
