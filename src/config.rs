@@ -267,6 +267,10 @@ impl MountConfig {
             .write(true)
             .open("/dev/fuse")
         {
+            let denied = e.kind() == std::io::ErrorKind::PermissionDenied;
+            if denied && !nix::unistd::geteuid().is_root() {
+                return Err(Error::Denied(self.mountpoint.clone()));
+            }
             return Err(Error::NoFuse(e.to_string()));
         }
         Ok(())

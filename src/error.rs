@@ -16,6 +16,13 @@ pub enum Error {
     },
     #[error("mountpoint {} is busy: something is already mounted there", .0.display())]
     Busy(PathBuf),
+    #[error(transparent)]
+    LocalInUse(#[from] crate::local_lock::LockError),
+    #[error(transparent)]
+    DeadMount(#[from] crate::fs::kernel_mount::DeadMount),
+    /// The caller is not root, and this system lets only root mount FUSE.
+    #[error("{}: {}", .0.display(), crate::control::protocol::ROOT_ONLY)]
+    Denied(PathBuf),
     #[error("/dev/fuse is not usable ({0}); load the fuse module or run where FUSE is allowed")]
     NoFuse(String),
     #[error("mounting {}: {source}", path.display())]

@@ -131,6 +131,14 @@ fn print(reply: Reply) -> anyhow::Result<()> {
 }
 
 fn csi(config: layerfs::csi::Config) -> anyhow::Result<()> {
+    // Loop devices, mounts and a socket in root's run dir: nothing of it works otherwise.
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!(
+            "{}: {}",
+            config.endpoint,
+            layerfs::control::protocol::ROOT_ONLY
+        );
+    }
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()

@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use crate::config::MountConfig;
 use crate::control::protocol::{QuotaAnswer, QuotaRequest};
+use crate::control::reconfigure::{Live, Reconfigure};
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
 use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
@@ -143,8 +144,13 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     let control: Arc<dyn MountControl> = control;
     // Lives until the mount ends; dropping it removes the socket. A mount that cannot have
     // its socket (no writable run dir) still serves: the socket is for looking, not for use.
+    let live: Arc<dyn Reconfigure> = Arc::new(Live::new(
+        config.clone(),
+        handle.clone(),
+        Box::new(crate::launch::set_log_level),
+    ));
     let socket = crate::control::socket_path(&config.mountpoint);
-    let control_server = serve_control(control, &socket, &handle);
+    let control_server = serve_control(control, live, &socket, &handle);
     on_sigusr1_refresh(&handle);
 
     let mountpoint = config.mountpoint.clone();
@@ -239,6 +245,7 @@ type ControlSlot = Arc<parking_lot::Mutex<Option<crate::control::ControlServer>>
 /// not taken over but waited for, on a thread of its own, so the mount serves meanwhile.
 fn serve_control(
     control: Arc<dyn MountControl>,
+    live: Arc<dyn Reconfigure>,
     socket: &std::path::Path,
     handle: &Arc<RefreshHandle>,
 ) -> ControlSlot {
@@ -256,7 +263,10 @@ fn serve_control(
     let unavailable = |e: &std::io::Error| {
         warn!(error = %e, "no control socket: `layerfs status` cannot reach this mount");
     };
-    match crate::control::serve(control.clone(), socket) {
+    let serve = move |socket: &std::path::Path| {
+        crate::control::serve_with(control.clone(), Some(live.clone()), socket)
+    };
+    match serve(socket) {
         Ok(server) => install(server),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
             info!("the previous daemon of this mountpoint still holds the control socket; waiting for it");
@@ -272,7 +282,7 @@ fn serve_control(
                         if weak.strong_count() == 0 {
                             return;
                         }
-                        match crate::control::serve(control.clone(), &socket) {
+                        match serve(&socket) {
                             Ok(server) => return install(server),
                             Err(e)
                                 if e.kind() == std::io::ErrorKind::AddrInUse

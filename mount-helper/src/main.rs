@@ -2,7 +2,8 @@
 //! `/etc/fstab` lines mount layerfs. It parses the options with layerfs's own parser, so an
 //! option means the same here as in `layerfs mount`, then mounts through the same code.
 //! mount(8) expects 0 once the filesystem is mounted and 32 when mounting failed, with the
-//! reason on stderr.
+//! reason on stderr. `-o remount,…` changes a running mount's options (those that can change
+//! live) over its control socket.
 
 mod args;
 
@@ -28,6 +29,9 @@ fn run(argv: &[String]) -> Result<(), String> {
     let args = args::parse(argv)?;
     if let Some(ns) = &args.namespace {
         enter_mount_namespace(ns)?;
+    }
+    if args.options.iter().any(|o| o == "remount") {
+        return remount(&args);
     }
     let mut config = MountConfig {
         remote: args.source.clone(),
@@ -56,6 +60,28 @@ fn run(argv: &[String]) -> Result<(), String> {
         return config.validate().map_err(|e| e.to_string());
     }
     layerfs::launch::mount(config, MOUNT_FAILURE.into()).map_err(|e| e.to_string())
+}
+
+/// `-o remount,…`: the running mount changes what it can change live, or refuses, naming
+/// the options it cannot.
+fn remount(args: &args::Args) -> Result<(), String> {
+    if args.fake {
+        return Ok(());
+    }
+    let done = layerfs::control::reconfigure::remount(&args.mountpoint, &args.options)
+        .map_err(|e| e.to_string())?;
+    if args.verbose {
+        let changed = if done.changed.is_empty() {
+            "nothing changed".to_owned()
+        } else {
+            format!("changed {}", done.changed.join(","))
+        };
+        eprintln!(
+            "mount.layerfs: remounted {}: {changed}",
+            args.mountpoint.display()
+        );
+    }
+    Ok(())
 }
 
 /// `-N`: mount inside another mount namespace, given as a path or a process id.

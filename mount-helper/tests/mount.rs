@@ -12,7 +12,10 @@ const NAMES: [&str; 2] = ["/sbin/mount.layerfs", "/sbin/mount.fuse.layerfs"];
 
 /// Tests run in parallel: the first installs the helper, the last removes it (and puts
 /// back whatever was there before).
-static INSTALLED: Mutex<(usize, Vec<(PathBuf, Option<PathBuf>)>)> = Mutex::new((0, Vec::new()));
+static INSTALLED: Mutex<(usize, Vec<Replaced>)> = Mutex::new((0, Vec::new()));
+
+/// An installed name, and where what it replaced was moved.
+type Replaced = (PathBuf, Option<PathBuf>);
 
 struct Installed;
 
@@ -268,4 +271,128 @@ fn fake_mode_checks_without_mounting() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!is_mounted(&t.mnt));
+}
+
+/// The pid of the one daemon whose command line names `mnt`.
+fn daemon_of(mnt: &Path) -> i32 {
+    let want = mnt.as_os_str().as_encoded_bytes();
+    let pids: Vec<i32> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmdline = fs::read(e.path().join("cmdline")).ok()?;
+            cmdline.split(|b| *b == 0).any(|a| a == want).then_some(pid)
+        })
+        .collect();
+    assert_eq!(pids.len(), 1, "daemons for {}: {pids:?}", mnt.display());
+    pids[0]
+}
+
+#[test]
+fn a_mountpoint_left_by_a_killed_daemon_is_mounted_again() {
+    let t = Trees::new();
+    assert!(t.mount(&[]).status.success());
+    let pid = daemon_of(&t.mnt);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fs::read_dir(&t.mnt).map(drop).is_ok() {
+        assert!(Instant::now() < deadline, "the mount does not die");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = t.mount(&[]);
+    assert!(out.status.success(), "mount after a kill: {}", stderr(&out));
+    t.assert_serves();
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let at = info
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == t.mnt.to_str())
+        .count();
+    assert_eq!(at, 1, "the dead mount is still stacked below the new one");
+}
+
+/// The mount's `status`, through its control socket.
+fn status(mnt: &Path) -> layerfs::control::protocol::StatusView {
+    let v = layerfs::control::query(mnt, layerfs::control::Op::Status).unwrap();
+    serde_json::from_value(v).unwrap()
+}
+
+fn helper(t: &Trees, options: &str) -> Output {
+    Command::new(HELPER)
+        .arg(&t.remote)
+        .arg(&t.mnt)
+        .args(["-o", options])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn remount_changes_the_refresh_interval_and_the_log_level_live() {
+    let t = Trees::new();
+    let log = t.dir.path().join("log");
+    let out = t.mount(&["-o", &format!("refresh=30,log_file={}", log.display())]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let wait = |what: &str, check: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !check() {
+            assert!(Instant::now() < deadline, "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait("the control socket", &|| {
+        layerfs::control::query(&t.mnt, layerfs::control::Op::Status).is_ok()
+    });
+    assert_eq!(status(&t.mnt).refresh_interval_secs, 30.0);
+    let debug_lines = || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("DEBUG"))
+            .count()
+    };
+    assert_eq!(debug_lines(), 0, "debug lines at level info");
+
+    // As mount(8) passes them: the kernel's options and the mount's own come along.
+    let out = helper(
+        &t,
+        &format!(
+            "rw,nosuid,nodev,relatime,user_id=0,group_id=0,allow_other,local={},remount,refresh=200ms,log=debug",
+            t.local.display()
+        ),
+    );
+    assert!(out.status.success(), "remount: {}", stderr(&out));
+    assert_eq!(status(&t.mnt).refresh_interval_secs, 0.2);
+    // Rounds now come every 200 ms, and the idle ones are logged at debug level.
+    let rounds = status(&t.mnt).rounds;
+    wait("rounds at the new interval", &|| {
+        status(&t.mnt).rounds >= rounds + 3
+    });
+    wait("debug lines in the log", &|| debug_lines() > 0);
+    t.assert_serves();
+}
+
+#[test]
+fn remount_refuses_what_cannot_change_live_and_names_it() {
+    let t = Trees::new();
+    assert!(t.mount(&["-o", "refresh=30"]).status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while layerfs::control::query(&t.mnt, layerfs::control::Op::Status).is_err() {
+        assert!(Instant::now() < deadline, "no control socket");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = helper(&t, "remount,refresh=1,threads=3,nopassthrough");
+    assert_eq!(out.status.code(), Some(32), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("threads=3, nopassthrough"), "{err}");
+    assert!(!err.contains("refresh=1,"), "{err}");
+    // Nothing was applied.
+    assert_eq!(status(&t.mnt).refresh_interval_secs, 30.0);
+    let out = helper(&t, "remount,bogus_option");
+    assert_eq!(out.status.code(), Some(32));
+    assert!(stderr(&out).contains("bogus_option"), "{}", stderr(&out));
+    t.assert_serves();
 }

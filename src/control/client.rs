@@ -31,8 +31,9 @@ pub enum ClientError {
         mountpoint: PathBuf,
         socket: PathBuf,
     },
-    #[error("control socket {}: permission denied (it is root's)", socket.display())]
-    Denied { socket: PathBuf },
+    /// The caller is not root: the run dir, the socket or the server kept it out.
+    #[error("{}: {}", mountpoint.display(), protocol::ROOT_ONLY)]
+    Denied { mountpoint: PathBuf },
     #[error("control socket {}: {source}", socket.display())]
     Io {
         socket: PathBuf,
@@ -70,6 +71,31 @@ pub fn query_at(mountpoint: &Path, socket: &Path, op: Op) -> Result<Value, Clien
 
 /// Sends the server on `socket` a full request, on behalf of `mountpoint` (for messages).
 pub fn ask_at(mountpoint: &Path, socket: &Path, request: &Request) -> Result<Value, ClientError> {
+    ask_within(mountpoint, socket, request, ANSWER_TIMEOUT)
+}
+
+/// The live layerfs mount serving `local` (canonical) as its local tree, if any answers
+/// on its control socket in time: asks each `fuse.layerfs` mount of this namespace.
+pub fn mount_using(local: &Path) -> Option<PathBuf> {
+    // A mount too busy to answer within this is not worth holding up an error for.
+    const QUICK: Duration = Duration::from_secs(2);
+    crate::store::mountinfo::current()
+        .into_iter()
+        .filter(|m| m.fstype == crate::fs::kernel_mount::FSTYPE)
+        .find_map(|m| {
+            let socket = super::socket_path(&m.point);
+            let status = ask_within(&m.point, &socket, &Request::new(Op::Status), QUICK).ok()?;
+            let serves = status.get("local").and_then(Value::as_str)? == local.as_os_str();
+            serves.then_some(m.point)
+        })
+}
+
+fn ask_within(
+    mountpoint: &Path,
+    socket: &Path,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Value, ClientError> {
     let op = request.op;
     let io_err = |source: io::Error| ClientError::Io {
         socket: socket.to_owned(),
@@ -85,13 +111,13 @@ pub fn ask_at(mountpoint: &Path, socket: &Path, request: &Request) -> Result<Val
             socket: socket.to_owned(),
         },
         io::ErrorKind::PermissionDenied => ClientError::Denied {
-            socket: socket.to_owned(),
+            mountpoint: mountpoint.to_owned(),
         },
         _ => io_err(e),
     })?;
     stream
-        .set_read_timeout(Some(ANSWER_TIMEOUT))
-        .and_then(|()| stream.set_write_timeout(Some(ANSWER_TIMEOUT)))
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
         .map_err(io_err)?;
     // A server that refuses the caller answers and hangs up at once, maybe before the
     // request is written: the answer is still there to read, so a failed write is only
@@ -122,15 +148,28 @@ pub fn ask_at(mountpoint: &Path, socket: &Path, request: &Request) -> Result<Val
             .get_mut(op.key())
             .map(Value::take)
             .ok_or_else(|| bad(format!("no '{}' in it", op.key()))),
-        Some(false) => Err(ClientError::Refused {
-            mountpoint: mountpoint.to_owned(),
-            message: answer
+        Some(false) => {
+            let message = answer
                 .get("error")
                 .and_then(Value::as_str)
-                .unwrap_or("unspecified error")
-                .to_owned(),
-        }),
+                .unwrap_or("unspecified error");
+            Err(refused(mountpoint, message))
+        }
         None => Err(bad("no 'ok' in it".into())),
+    }
+}
+
+/// A server's refusal; one that keeps out a caller who is not root reads like every other
+/// command's (older daemons said it in their own words).
+fn refused(mountpoint: &Path, message: &str) -> ClientError {
+    if message == protocol::ROOT_ONLY || message.starts_with("permission denied: only root") {
+        return ClientError::Denied {
+            mountpoint: mountpoint.to_owned(),
+        };
+    }
+    ClientError::Refused {
+        mountpoint: mountpoint.to_owned(),
+        message: message.to_owned(),
     }
 }
 

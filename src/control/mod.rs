@@ -29,7 +29,8 @@
 //! **Protocol** ([`protocol`]): one JSON object per line each way. `{"op":"status"}` is
 //! answered `{"ok":true,"status":{…}}`; the other ops are `refresh` (→ `round`), `layers`
 //! (→ `layers`), `images` (→ `images`), and `quota_set`, `quota_get`, `quota_clear` (→
-//! `quota`, with a `path` relative to the mountpoint) and `quota_list` (→ `quotas`).
+//! `quota`, with a `path` relative to the mountpoint), `quota_list` (→ `quotas`) and
+//! `reconfigure` (→ `reconfigured`, with `options`; see [`reconfigure`]).
 //! `layerfs quota set` does not send `quota_set` directly: it goes through
 //! [`crate::quota::storage`], which decides what a request for a quota means where it is
 //! made. A request the server cannot serve is answered
@@ -39,6 +40,7 @@
 pub mod client;
 mod path;
 pub mod protocol;
+pub mod reconfigure;
 pub mod render;
 mod server;
 pub mod umount;
@@ -46,7 +48,7 @@ pub mod umount;
 pub use client::{query, ClientError};
 pub use path::{escape_path, run_dir, socket_path, socket_path_in, DEFAULT_RUN_DIR, RUN_DIR_ENV};
 pub use protocol::Op;
-pub use server::{serve, ControlServer};
+pub use server::{serve, serve_with, ControlServer};
 
 use std::path::{Path, PathBuf};
 
@@ -127,6 +129,7 @@ fn ask_and_render(mountpoint: &Path, request: &Request, json: bool) -> Result<Re
         Op::QuotaClear => {
             render::quota_cleared(&serde_json::from_value::<QuotaInfo>(payload).map_err(decode)?)
         }
+        Op::Reconfigure => render::json(&payload),
     };
     Ok(Reply {
         text,

@@ -13,11 +13,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::reconfigure::Reconfigure;
 use crate::refresh::report::MountControl;
 
 /// The longest request line the server reads; a longer one is refused and its connection
 /// closed (there is no telling where the next request would start).
 pub const MAX_REQUEST: usize = 64 * 1024;
+
+/// How every command refuses a caller who is not root, and how the server refuses a client:
+/// one wording, whichever side finds out first.
+pub const ROOT_ONLY: &str = "permission denied (root only)";
 
 /// What a client can ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,6 +40,8 @@ pub enum Op {
     QuotaList,
     #[serde(rename = "quota_clear")]
     QuotaClear,
+    /// Change options of the running mount (`mount -o remount,…`).
+    Reconfigure,
 }
 
 impl Op {
@@ -47,6 +54,7 @@ impl Op {
             Op::Images => "images",
             Op::QuotaSet | Op::QuotaGet | Op::QuotaClear => "quota",
             Op::QuotaList => "quotas",
+            Op::Reconfigure => "reconfigured",
         }
     }
 }
@@ -66,6 +74,9 @@ pub struct Request {
     /// `refresh`: the remote was emptied on purpose; take an empty scan as the truth.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub accept_empty: bool,
+    /// `reconfigure`: mount options, as `-o` takes them one by one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
 }
 
 impl Request {
@@ -76,6 +87,7 @@ impl Request {
             size: None,
             inodes: None,
             accept_empty: false,
+            options: Vec::new(),
         }
     }
 }
@@ -169,14 +181,28 @@ pub enum QuotaAnswer {
 /// Answers one request line; `admin`: the client has `CAP_SYS_ADMIN`, which changing a
 /// quota takes.
 pub fn answer(handle: &dyn MountControl, line: &[u8], admin: bool) -> Vec<u8> {
+    answer_with(handle, None, line, admin)
+}
+
+/// [`answer`], for a mount that can also change options live.
+pub fn answer_with(
+    handle: &dyn MountControl,
+    live: Option<&dyn Reconfigure>,
+    line: &[u8],
+    admin: bool,
+) -> Vec<u8> {
     let reply = match serde_json::from_slice::<Request>(line) {
         Ok(request) if !admin && matches!(request.op, Op::QuotaSet | Op::QuotaClear) => {
             error("permission denied: changing a quota needs CAP_SYS_ADMIN")
         }
+        // As remount(2) does.
+        Ok(request) if !admin && request.op == Op::Reconfigure => {
+            error("permission denied: changing mount options needs CAP_SYS_ADMIN")
+        }
         Ok(request) => {
             let op = request.op;
             // A bug in the engine must cost this answer, not the connection thread.
-            match catch_unwind(AssertUnwindSafe(|| payload(handle, &request))) {
+            match catch_unwind(AssertUnwindSafe(|| payload(handle, live, &request))) {
                 Ok(Ok(value)) => json!({ "ok": true, op.key(): value }),
                 Ok(Err(message)) => error(&message),
                 Err(_) => error("internal error answering the request (see the mount's log)"),
@@ -187,7 +213,11 @@ pub fn answer(handle: &dyn MountControl, line: &[u8], admin: bool) -> Vec<u8> {
     encode(&reply)
 }
 
-fn payload(handle: &dyn MountControl, request: &Request) -> Result<Value, String> {
+fn payload(
+    handle: &dyn MountControl,
+    live: Option<&dyn Reconfigure>,
+    request: &Request,
+) -> Result<Value, String> {
     let encoded = match request.op {
         Op::Status => serde_json::to_value(handle.status()).map(|mut status| {
             if let (Some(addr), Some(fields)) = (handle.metrics(), status.as_object_mut()) {
@@ -205,6 +235,10 @@ fn payload(handle: &dyn MountControl, request: &Request) -> Result<Value, String
             let question = QuotaRequest::from_request(request)?;
             serde_json::to_value(handle.quota(question)?)
         }
+        Op::Reconfigure => match live {
+            Some(live) => serde_json::to_value(live.reconfigure(&request.options)?),
+            None => return Err("this mount cannot change options while mounted".into()),
+        },
     };
     encoded.map_err(|e| format!("encoding the answer: {e}"))
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use super::protocol::{self, MAX_REQUEST};
+use super::reconfigure::Reconfigure;
 use crate::refresh::report::MountControl;
 
 /// How long a connection may sit without sending a byte before it is closed.
@@ -64,6 +65,15 @@ impl Drop for ControlServer {
 /// binds (0600) and accepts on a thread of its own until the returned server is dropped.
 /// Fails if another process listens there, or if something other than a socket is in the way.
 pub fn serve(handle: Arc<dyn MountControl>, socket: &Path) -> io::Result<ControlServer> {
+    serve_with(handle, None, socket)
+}
+
+/// [`serve`], answering `reconfigure` through `live`.
+pub fn serve_with(
+    handle: Arc<dyn MountControl>,
+    live: Option<Arc<dyn Reconfigure>>,
+    socket: &Path,
+) -> io::Result<ControlServer> {
     let context = |e: io::Error| {
         io::Error::new(
             e.kind(),
@@ -87,7 +97,7 @@ pub fn serve(handle: Arc<dyn MountControl>, socket: &Path) -> io::Result<Control
     listener.set_nonblocking(true).map_err(context)?;
     let thread = std::thread::Builder::new()
         .name("control".into())
-        .spawn(move || accept_loop(listener, wake, handle))
+        .spawn(move || accept_loop(listener, wake, handle, live))
         .map_err(context)?;
     info!(socket = %socket.display(), "control socket listening");
     Ok(ControlServer {
@@ -136,7 +146,12 @@ fn bind_private(dir: &Path, socket: &Path) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-fn accept_loop(listener: UnixListener, wake: UnixStream, handle: Arc<dyn MountControl>) {
+fn accept_loop(
+    listener: UnixListener,
+    wake: UnixStream,
+    handle: Arc<dyn MountControl>,
+    live: Option<Arc<dyn Reconfigure>>,
+) {
     let active = Arc::new(AtomicUsize::new(0));
     let own_uid = nix::unistd::geteuid().as_raw();
     loop {
@@ -159,10 +174,10 @@ fn accept_loop(listener: UnixListener, wake: UnixStream, handle: Arc<dyn MountCo
             }
         };
         let guard = ConnectionGuard::enter(&active);
-        let handle = Arc::clone(&handle);
+        let (handle, live) = (Arc::clone(&handle), live.clone());
         let spawned = std::thread::Builder::new()
             .name("control-conn".into())
-            .spawn(move || serve_connection(stream, guard, handle, own_uid));
+            .spawn(move || serve_connection(stream, guard, handle, live, own_uid));
         if let Err(e) = spawned {
             warn!(error = %e, "control socket: cannot start a connection thread");
         }
@@ -234,6 +249,7 @@ fn serve_connection(
     stream: UnixStream,
     guard: ConnectionGuard,
     handle: Arc<dyn MountControl>,
+    live: Option<Arc<dyn Reconfigure>>,
     own_uid: u32,
 ) {
     let mut writer = &stream;
@@ -259,9 +275,7 @@ fn serve_connection(
         }
         Ok(libc::ucred { uid, .. }) => {
             debug!(uid, "control socket: refused a client");
-            let _ = writer.write_all(&protocol::encode(&protocol::error(
-                "permission denied: only root may use the control socket",
-            )));
+            let _ = writer.write_all(&protocol::encode(&protocol::error(protocol::ROOT_ONLY)));
             return;
         }
         Err(_) => return,
@@ -290,7 +304,12 @@ fn serve_connection(
             continue;
         }
         if writer
-            .write_all(&protocol::answer(&*handle, &line, admin))
+            .write_all(&protocol::answer_with(
+                &*handle,
+                live.as_deref(),
+                &line,
+                admin,
+            ))
             .is_err()
             || !complete
         {

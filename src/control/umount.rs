@@ -17,8 +17,16 @@ pub enum UmountError {
         mountpoint: PathBuf,
         socket: PathBuf,
     },
+    #[error("{}: {}", .0.display(), super::protocol::ROOT_ONLY)]
+    Denied(PathBuf),
     #[error("{} is busy: processes still use it (fuser -vm {} lists them; umount -l detaches it lazily)", .0.display(), .0.display())]
     Busy(PathBuf),
+    #[error("{} is busy: mounted inside it: {}; unmount {} first", mountpoint.display(), list(inner), if inner.len() == 1 { "it" } else { "them" })]
+    BusyWithMounts {
+        mountpoint: PathBuf,
+        /// The mounts below the mountpoint, as (fstype, mountpoint), in mount order.
+        inner: Vec<(String, PathBuf)>,
+    },
     #[error("unmounting {}: {source}", mountpoint.display())]
     Unmount { mountpoint: PathBuf, source: Errno },
     #[error("{} is unmounted, but its daemon has not finished after {} s", mountpoint.display(), waited.as_secs())]
@@ -32,12 +40,25 @@ pub enum UmountError {
 pub fn umount(mountpoint: &Path, wait: Duration) -> Result<PathBuf, UmountError> {
     let mountpoint = client::resolve_mountpoint(mountpoint);
     let socket = socket_path(&mountpoint);
-    if !socket.exists() {
-        return Err(UmountError::NotLayerfs { mountpoint, socket });
+    // The run dir is root's: a caller kept out of it cannot tell whether a mount is there.
+    match std::fs::symlink_metadata(&socket) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(UmountError::Denied(mountpoint))
+        }
+        Err(_) => return Err(UmountError::NotLayerfs { mountpoint, socket }),
     }
     match nix::mount::umount2(&mountpoint, nix::mount::MntFlags::empty()) {
         Ok(()) => {}
-        Err(Errno::EBUSY) => return Err(UmountError::Busy(mountpoint)),
+        Err(Errno::EBUSY) => {
+            let inner = mounts_inside(&mountpoint);
+            return Err(if inner.is_empty() {
+                UmountError::Busy(mountpoint)
+            } else {
+                UmountError::BusyWithMounts { mountpoint, inner }
+            });
+        }
+        Err(Errno::EPERM) => return Err(UmountError::Denied(mountpoint)),
         Err(source) => return Err(UmountError::Unmount { mountpoint, source }),
     }
     let deadline = Instant::now() + wait;
@@ -51,4 +72,47 @@ pub fn umount(mountpoint: &Path, wait: Duration) -> Result<PathBuf, UmountError>
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(mountpoint)
+}
+
+/// The mounts stacked below `mountpoint` (a container's overlay on a layer dir, a bind
+/// mount): each keeps the view busy, and unlike a process holding a file, the kernel names
+/// them.
+fn mounts_inside(mountpoint: &Path) -> Vec<(String, PathBuf)> {
+    crate::store::mountinfo::current()
+        .into_iter()
+        .filter(|m| m.point != mountpoint && m.point.starts_with(mountpoint))
+        .map(|m| (m.fstype, m.point))
+        .collect()
+}
+
+/// `overlay on /a, tmpfs on /b`, shortened past a few.
+fn list(inner: &[(String, PathBuf)]) -> String {
+    const SHOWN: usize = 5;
+    let mut text = inner
+        .iter()
+        .take(SHOWN)
+        .map(|(fstype, point)| format!("{fstype} on {}", point.display()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if inner.len() > SHOWN {
+        text.push_str(&format!(" and {} more", inner.len() - SHOWN));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inner_mounts_are_listed_shortly() {
+        let one = vec![("overlay".to_owned(), PathBuf::from("/v/overlay/c1/merged"))];
+        assert_eq!(list(&one), "overlay on /v/overlay/c1/merged");
+        let many: Vec<_> = (0..7)
+            .map(|i| ("tmpfs".to_owned(), PathBuf::from(format!("/v/{i}"))))
+            .collect();
+        let text = list(&many);
+        assert!(text.starts_with("tmpfs on /v/0, tmpfs on /v/1"), "{text}");
+        assert!(text.ends_with("tmpfs on /v/4 and 2 more"), "{text}");
+    }
 }

@@ -8,6 +8,10 @@
 //! leaves its mount behind, dead (`ENOTCONN`), for `umount` to remove, as any FUSE
 //! daemon that dies does: checking whether the mount at that path is still ours would mean
 //! asking the filesystem there, which may be a new mount not serving yet.
+//!
+//! The next mount at that path takes it back ([`reclaim_dead`]): a layerfs mount whose
+//! root answers `ENOTCONN` has lost its daemon for good, so detaching it costs nobody
+//! anything. A dead mount of another filesystem is left alone, and named.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -16,6 +20,9 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::mount::MsFlags;
 use nix::sys::stat::Mode;
+
+/// The filesystem type layerfs mounts as (`/proc/mounts` and `findmnt` show it).
+pub const FSTYPE: &str = "fuse.layerfs";
 
 /// What the kernel needs to know about a mount.
 #[derive(Debug, Clone)]
@@ -60,7 +67,7 @@ pub fn mount(spec: &MountSpec<'_>) -> Result<(OwnedFd, KernelMount), Errno> {
     nix::mount::mount(
         Some(source.as_str()),
         spec.mountpoint,
-        Some("fuse.layerfs"),
+        Some(FSTYPE),
         flags,
         Some(data.as_str()),
     )?;
@@ -76,5 +83,90 @@ impl KernelMount {
     /// Unmounts, as `umount` would (a busy mount stays).
     pub fn unmount(&self) -> Result<(), Errno> {
         nix::mount::umount(self.mountpoint.as_path())
+    }
+}
+
+/// A mount at the mountpoint whose daemon is gone, and why it stays.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "mountpoint {}: a dead {fstype} mount of {source_name} is still there (its daemon is gone; stat says ENOTCONN) and {why}; `umount -l {}` clears it",
+    mountpoint.display(),
+    mountpoint.display()
+)]
+pub struct DeadMount {
+    pub mountpoint: PathBuf,
+    pub fstype: String,
+    /// The mount's source, as `/proc/mounts` shows it.
+    pub source_name: String,
+    /// Why it was not detached.
+    pub why: String,
+}
+
+/// Detaches a dead layerfs mount standing exactly at `mountpoint`, so that a new mount can
+/// take its place. Nothing is done unless the mountpoint answers `ENOTCONN`; the dead mount
+/// must be the top one at that path and `fuse.layerfs`. Returns whether one was detached.
+pub fn reclaim_dead(mountpoint: &Path) -> Result<bool, DeadMount> {
+    // A request caught in flight as the connection ends gets ECONNABORTED; later ones ENOTCONN.
+    if !matches!(
+        ask_root(mountpoint),
+        Err(Errno::ENOTCONN | Errno::ECONNABORTED)
+    ) {
+        return Ok(false);
+    }
+    // The path cannot be resolved through the dead mount itself, only up to it.
+    let point = crate::control::client::resolve_mountpoint(mountpoint);
+    let top = crate::store::mountinfo::current()
+        .into_iter()
+        .rfind(|m| m.point == point);
+    // Dead higher up (a parent is the dead mount): not ours to judge from here.
+    let Some(top) = top else {
+        return Ok(false);
+    };
+    let dead = |why: String| DeadMount {
+        mountpoint: point.clone(),
+        fstype: top.fstype.clone(),
+        source_name: top.source.clone(),
+        why,
+    };
+    if top.fstype != FSTYPE {
+        return Err(dead("it is not layerfs's to remove".into()));
+    }
+    match nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) => {
+            tracing::info!(
+                mountpoint = %point.display(),
+                source = %top.source,
+                "detached the dead mount a killed daemon left"
+            );
+            Ok(true)
+        }
+        Err(Errno::EPERM) => Err(dead("only root can detach it".into())),
+        Err(e) => Err(dead(format!("detaching it failed: {e}"))),
+    }
+}
+
+/// `stat` of `path` that reaches the filesystem: the kernel keeps answering from attributes
+/// it cached before the daemon died, so only a forced round trip tells a dead mount.
+fn ask_root(path: &Path) -> Result<(), Errno> {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return Err(Errno::EINVAL);
+    };
+    // SAFETY: zeroed plain data, written by the kernel.
+    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a buffer that live across the call.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_BASIC_STATS,
+            &mut buf,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
     }
 }

@@ -155,6 +155,8 @@ enum Request {
     Round(Option<Sender<RoundReport>>),
     /// Something changed remotely (inotify): run a round soon.
     Wake,
+    /// Rounds from now on run at this interval (zero: only on demand).
+    Interval(Duration),
     Stop,
 }
 
@@ -164,6 +166,7 @@ struct State {
     health: RemoteHealth,
     last_round: Option<RoundReport>,
     socket: String,
+    interval: Duration,
 }
 
 /// The mount's side of the control socket: answers [`MountControl`] from the refresher's
@@ -194,6 +197,12 @@ impl RefreshHandle {
     pub fn accept_empty(&self) -> RoundReport {
         self.accept_empty.store(true, AtomicOrdering::Relaxed);
         self.refresh()
+    }
+
+    /// Changes the time between rounds of a running mount (zero: only on demand).
+    pub fn set_interval(&self, interval: Duration) {
+        self.state.lock().interval = interval;
+        let _ = self.tx.send(Request::Interval(interval));
     }
 
     /// Asks the refresher thread to stop after its current round.
@@ -231,7 +240,7 @@ impl MountControl for RefreshHandle {
             local: self.info.local.display().to_string(),
             driver: self.info.driver.clone(),
             socket: state.socket.clone(),
-            refresh_interval_secs: self.options.interval.as_secs_f64(),
+            refresh_interval_secs: state.interval.as_secs_f64(),
             rounds: state.rounds,
             remote_health: state.health.clone(),
             last_round: state.last_round.clone(),
@@ -350,6 +359,7 @@ impl Refresher {
             },
             last_round: None,
             socket: String::new(),
+            interval: options.interval,
         }));
         let remote = info.remote.clone();
         let accept_empty = Arc::new(AtomicBool::new(false));
@@ -406,11 +416,14 @@ impl Refresher {
     }
 
     fn run(mut self) {
-        let ticker = if self.options.interval.is_zero() {
-            never()
-        } else {
-            tick(self.options.interval)
+        let ticker_for = |interval: Duration| {
+            if interval.is_zero() {
+                never()
+            } else {
+                tick(interval)
+            }
         };
+        let mut ticker = ticker_for(self.options.interval);
         loop {
             let mut replies = Vec::new();
             select! {
@@ -423,9 +436,14 @@ impl Refresher {
                             match msg {
                                 Request::Round(reply) => replies.extend(reply),
                                 Request::Wake => {}
+                                Request::Interval(i) => ticker = ticker_for(i),
                                 Request::Stop => return,
                             }
                         }
+                    }
+                    Ok(Request::Interval(i)) => {
+                        ticker = ticker_for(i);
+                        continue;
                     }
                     Ok(Request::Stop) | Err(_) => return,
                 },
@@ -436,6 +454,7 @@ impl Refresher {
                 match msg {
                     Request::Round(reply) => replies.extend(reply),
                     Request::Wake => {}
+                    Request::Interval(i) => ticker = ticker_for(i),
                     Request::Stop => return,
                 }
             }
