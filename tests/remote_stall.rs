@@ -251,6 +251,35 @@ fn local_paths_answer_while_the_remote_is_frozen() {
         Command::new(BIN).arg("status").arg(mnt).output().unwrap()
     });
     assert!(status.status.success(), "{status:?}");
+    let mnt = s.mnt.clone();
+    let quota = live("layerfs quota set on a container dir", move || {
+        Command::new(BIN)
+            .args(["quota", "set"])
+            .arg(mnt)
+            .args(["overlay/cid1", "10M"])
+            .output()
+            .unwrap()
+    });
+    assert!(quota.status.success(), "{quota:?}");
+    let mnt = s.mnt.clone();
+    let quota = live("layerfs quota list", move || {
+        Command::new(BIN)
+            .args(["quota", "list"])
+            .arg(mnt)
+            .output()
+            .unwrap()
+    });
+    assert!(quota.status.success(), "{quota:?}");
+    // The stuck callers hold the mount busy: umount answers, and says so.
+    let mnt = s.mnt.clone();
+    let umount = live("layerfs umount", move || {
+        Command::new(BIN)
+            .args(["umount", "--wait", "0"])
+            .arg(mnt)
+            .output()
+            .unwrap()
+    });
+    assert!(!umount.status.success(), "{umount:?}");
 
     // The remote answers again: every stuck request completes, rightly.
     s.carrier.thaw();
