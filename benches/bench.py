@@ -13,6 +13,7 @@ Subcommands:
 """
 
 import json
+import statistics
 import os
 import re
 import sys
@@ -72,23 +73,52 @@ def cmd_fio(args):
     print("%.3f %.1f" % (bw / MIB, side["iops"]))
 
 
+def requests(url):
+    """FUSE requests served so far by opcode, from a layerfs metrics endpoint ({} without one)."""
+    if not url:
+        return {}
+    import re
+    import urllib.request
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    counts = {}
+    for line in text.splitlines():
+        m = re.match(r'layerfs_requests_total\{op="(\w+)"\} (\S+)', line)
+        if m:
+            counts[m.group(1)] = float(m.group(2))
+    return counts
+
+
+def per_op(before, after, n):
+    """Requests per operation between two snapshots, by opcode, most first."""
+    d = {k: (after.get(k, 0) - before.get(k, 0)) / n for k in after}
+    return {k: round(v, 2) for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v >= 0.005}
+
+
 def cmd_meta(args):
     d, n = args[0], int(args[1])
+    url = args[2] if len(args) > 2 else ""
     os.mkdir(d)
     names = ["f%06d" % i for i in range(n)]
     paths = [os.path.join(d, x) for x in names]
     res = {}
+    counts = {}
 
+    seen = requests(url)
     t = time.perf_counter()
     for p in paths:
         os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     res["create"] = n / (time.perf_counter() - t)
+    now = requests(url)
+    counts["create"], seen = per_op(seen, now, n), now
 
     res["cold"] = drop_caches()
+    seen = requests(url)
     t = time.perf_counter()
     for p in paths:
         os.stat(p)
     res["stat"] = n / (time.perf_counter() - t)
+    now = requests(url)
+    counts["stat"], seen = per_op(seen, now, n), now
 
     # readdir: repeat whole-directory scans for at least 3 passes and 0.3 s (one pass of
     # 10 000 entries takes only milliseconds); d_type is used, never a stat.
@@ -103,13 +133,30 @@ def cmd_meta(args):
     res["readdir"] = entries / (time.perf_counter() - t)
     if entries != passes * n:
         raise SystemExit("readdir saw %d entries in %d passes, expected %d each" % (entries, passes, n))
+    now = requests(url)
+    counts["readdir"], seen = per_op(seen, now, entries), now
 
     t = time.perf_counter()
     for p in paths:
         os.unlink(p)
     res["unlink"] = n / (time.perf_counter() - t)
+    counts["unlink"] = per_op(seen, requests(url), n)
     os.rmdir(d)
+    if url:
+        res["requests"] = counts
     print(json.dumps(res))
+
+
+def cmd_requests(args):
+    """requests URL: the request counts by opcode, as JSON; requests URL BEFORE [N]: what was
+    served since the snapshot BEFORE (a JSON file), per operation if N is given."""
+    now = requests(args[0])
+    if len(args) == 1:
+        print(json.dumps(now))
+        return
+    with open(args[1]) as f:
+        before = json.load(f)
+    print(json.dumps(per_op(before, now, float(args[2]) if len(args) > 2 else 1.0)))
 
 
 def cmd_copyup(args):
@@ -164,21 +211,35 @@ def ratio(v, base, higher_better):
 
 def cmd_report(args):
     results_path, targets = args[0], args[1:]
-    res = {}
+    runs = {}
+    reqs = {}
     with open(results_path) as f:
         for line in f:
-            parts = line.split()
+            parts = line.split(None, 2)
+            if len(parts) == 3 and parts[1].startswith("requests_"):
+                reqs.setdefault((parts[0], parts[1][len("requests_"):]), []).append(parts[2].strip())
+                continue
             if len(parts) == 3:
                 try:
-                    res[(parts[0], parts[1])] = float(parts[2])
+                    runs.setdefault((parts[0], parts[1]), []).append(float(parts[2]))
                 except ValueError:
                     pass
+    # Medians over the rounds; the spread is shown beside the absolute figures.
+    res = {k: statistics.median(v) for k, v in runs.items()}
+    rounds = max((len(v) for v in runs.values()), default=1)
     out = []
-    out.append("### Absolute figures\n")
+    out.append("### Absolute figures%s\n" % (" (median of %d rounds, min–max)" % rounds if rounds > 1 else ""))
     out.append("| workload | unit | " + " | ".join(targets) + " |")
     out.append("|---|---|" + "---:|" * len(targets))
     for key, label, unit, _hb, _tgt in WORKLOADS:
-        out.append("| %s | %s | %s |" % (label, unit, " | ".join(fmt(res.get((t, key))) for t in targets)))
+        cells = []
+        for t in targets:
+            v = runs.get((t, key))
+            cell = fmt(res.get((t, key)))
+            if v and len(v) > 1:
+                cell += " (%s–%s)" % (fmt(min(v)), fmt(max(v)))
+            cells.append(cell)
+        out.append("| %s | %s | %s |" % (label, unit, " | ".join(cells)))
 
     for base, title in (("overlayfs", "kernel overlayfs"), ("plain", "the plain directory")):
         if base not in targets:
@@ -208,6 +269,18 @@ def cmd_report(args):
                 mark = "" if r is None else (" ✓" if r >= tgt else " ✗")
                 line += " ≥ %.2f%s |" % (tgt, mark)
             out.append(line)
+    if reqs:
+        out.append("")
+        out.append("### FUSE requests per operation (layerfs, from its metrics; last round)\n")
+        out.append("| workload | requests by opcode |")
+        out.append("|---|---|")
+        for key, label, _unit, _hb, _tgt in WORKLOADS:
+            for t in targets:
+                if (t, key) in reqs:
+                    counts = json.loads(reqs[(t, key)][-1])
+                    total = sum(counts.values())
+                    text = ", ".join("%s %g" % (op, c) for op, c in counts.items()) or "none"
+                    out.append("| %s | %g: %s |" % (label, round(total, 2), text))
     print("\n".join(out))
 
 
@@ -216,7 +289,7 @@ def main():
         raise SystemExit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
     fn = {"bytes": cmd_bytes, "mkdata": cmd_mkdata, "fio": cmd_fio, "meta": cmd_meta,
-          "copyup": cmd_copyup, "report": cmd_report}.get(cmd)
+          "copyup": cmd_copyup, "report": cmd_report, "requests": cmd_requests}.get(cmd)
     if fn is None:
         raise SystemExit(__doc__)
     fn(args)

@@ -9,6 +9,7 @@
 #   SCRATCH=/var/tmp/layerfs-bench   scratch area (a per-run subdir is created and removed)
 #   LAYERFS=target/release/layerfs   layerfs binary (built with cargo build --release if missing)
 #   TARGETS="plain overlayfs fuse-overlayfs layerfs"   which targets to run, in this order
+#   REPEAT=1       rounds over all targets, interleaved; the report gives medians and spread
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +22,7 @@ FILES=${FILES:-10000}
 SCRATCH=${SCRATCH:-/var/tmp/layerfs-bench}
 LAYERFS=${LAYERFS:-$REPO/target/release/layerfs}
 TARGETS=${TARGETS:-plain overlayfs fuse-overlayfs layerfs}
+REPEAT=${REPEAT:-1}
 COPYUP_SIZE=$((64 * 1024 * 1024))
 
 # The ready layer whose diff/ holds the read-side data (L4 of the fixture, see fixtures/README.md).
@@ -34,7 +36,7 @@ die() { printf 'bench: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- arguments and prerequisites
 case "${1:-}" in
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) die "unknown argument '$1' (configure with environment variables, see --help)" ;;
 esac
@@ -48,6 +50,7 @@ for t in "${TARGET_LIST[@]}"; do
     esac
 done
 [[ "$FILES" =~ ^[0-9]+$ && "$FILES" -gt 0 ]] || die "FILES must be a positive integer, got '$FILES'"
+[[ "$REPEAT" =~ ^[0-9]+$ && "$REPEAT" -gt 0 ]] || die "REPEAT must be a positive integer, got '$REPEAT'"
 [[ "$RUNTIME" =~ ^[0-9]+(ms|s|m)?$ ]] || die "RUNTIME must look like 10s, 30 or 1m, got '$RUNTIME'"
 
 missing=()
@@ -174,12 +177,15 @@ mount_target() {
         return 0
         ;;
     overlayfs)
+        # Fresh upper and work dirs each round: nothing copied up by an earlier round.
+        rm -rf "$d/upper" "$d/work"
         mkdir -p "$d/upper" "$d/work" "$mnt"
         MOUNTS+=("$mnt")
         mount -t overlay overlay -o "lowerdir=$REMOTE,upperdir=$d/upper,workdir=$d/work" "$mnt" \
             || die "kernel overlayfs mount failed (is $SCRATCH on a filesystem usable as an overlay upper dir? set SCRATCH)"
         ;;
     fuse-overlayfs)
+        rm -rf "$d/upper" "$d/work"
         mkdir -p "$d/upper" "$d/work" "$mnt"
         MOUNTS+=("$mnt")
         if ! fuse-overlayfs -o "lowerdir=$REMOTE,upperdir=$d/upper,workdir=$d/work" "$mnt" 2>"$d/mount.err"; then
@@ -190,9 +196,14 @@ mount_target() {
         remember_daemon "$mnt"
         ;;
     layerfs)
+        # A fresh local each round; the metrics endpoint counts the requests per workload.
+        rm -rf "$d/local"
         mkdir -p "$d/local" "$mnt"
         MOUNTS+=("$mnt")
-        "$LAYERFS" mount --remote "$REMOTE" --local "$d/local" -o allow_other "$mnt" >&2 \
+        METRICS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        METRICS="http://127.0.0.1:$METRICS_PORT/metrics"
+        "$LAYERFS" mount --remote "$REMOTE" --local "$d/local" \
+            -o "allow_other,metrics=127.0.0.1:$METRICS_PORT" "$mnt" >&2 \
             || die "layerfs mount failed: $LAYERFS mount --remote $REMOTE --local $d/local -o allow_other $mnt"
         remember_daemon "$mnt"
         ;;
@@ -211,9 +222,20 @@ unmount_target() {
 }
 
 
+# counted WHERE KEY CMD...: runs CMD; for layerfs, records the FUSE requests it caused.
+counted() {
+    local where=$1 key=$2
+    shift 2
+    if [ "$where" != layerfs ]; then "$@"; return; fi
+    python3 "$BENCH_PY" requests "$METRICS" >"$RUN/requests.before"
+    "$@"
+    echo "$where requests_$key $(python3 "$BENCH_PY" requests "$METRICS" "$RUN/requests.before")" >>"$RESULTS"
+}
+
 bench_target() {
     local t=$1 root wdir rfile meta
     log "== $t"
+    METRICS=
     mount_target "$t"
     root=$ROOT
     rfile="$root/$REL/seqread.bin"
@@ -223,35 +245,38 @@ bench_target() {
 
     # sequential read of a file in the lower/remote: cold, then again with a warm cache
     drop_caches
-    run_fio "$t" seqread_first read bw --filename="$rfile" --rw=read --bs=1M --size="$SIZE_BYTES" \
+    counted "$t" seqread_first run_fio "$t" seqread_first read bw --filename="$rfile" --rw=read --bs=1M --size="$SIZE_BYTES" \
         --readonly --invalidate=1
-    run_fio "$t" seqread_again read bw --filename="$rfile" --rw=read --bs=1M --size="$SIZE_BYTES" \
+    counted "$t" seqread_again run_fio "$t" seqread_again read bw --filename="$rfile" --rw=read --bs=1M --size="$SIZE_BYTES" \
         --readonly --invalidate=0
     # random 4 KiB reads of the same (lower/remote) file
-    run_fio "$t" randread read iops --filename="$rfile" --rw=randread --bs=4k --size="$SIZE_BYTES" \
+    counted "$t" randread run_fio "$t" randread read iops --filename="$rfile" --rw=randread --bs=4k --size="$SIZE_BYTES" \
         --readonly --invalidate=0 --time_based --runtime="$RUNTIME"
     # sequential write of a new file, then random 4 KiB writes into it
     sync
-    run_fio "$t" seqwrite write bw --filename="$wdir/seqwrite.bin" --rw=write --bs=1M \
+    counted "$t" seqwrite run_fio "$t" seqwrite write bw --filename="$wdir/seqwrite.bin" --rw=write --bs=1M \
         --size="$SIZE_BYTES" --end_fsync=1
-    run_fio "$t" randwrite write iops --filename="$wdir/seqwrite.bin" --rw=randwrite --bs=4k \
+    counted "$t" randwrite run_fio "$t" randwrite write iops --filename="$wdir/seqwrite.bin" --rw=randwrite --bs=4k \
         --size="$SIZE_BYTES" --end_fsync=1 --invalidate=0 --time_based --runtime="$RUNTIME"
     rm -f "$wdir/seqwrite.bin"
     sync
 
     # metadata
-    meta=$(python3 "$BENCH_PY" meta "$wdir/meta" "$FILES") || die "$t: metadata workload failed"
+    meta=$(python3 "$BENCH_PY" meta "$wdir/meta" "$FILES" "$METRICS") || die "$t: metadata workload failed"
     python3 - "$t" "$meta" >>"$RESULTS" <<'EOF'
 import json, sys
 t, m = sys.argv[1], json.loads(sys.argv[2])
 for k in ("create", "stat", "readdir", "unlink"):
     print(t, "meta_" + k, "%.1f" % m[k])
+    if k in m.get("requests", {}):
+        print(t, "requests_meta_" + k, json.dumps(m["requests"][k]))
 EOF
     log "$t metadata: $meta"
 
     # copy-up: first 1-byte write into a 64 MiB file of the lower/remote
     local ms
-    ms=$(python3 "$BENCH_PY" copyup "$root/$REL/copyup.bin") || die "$t: copy-up workload failed"
+    copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/copyup.bin") || die "$t: copy-up workload failed"; }
+    counted "$t" copyup_ms copyup
     record "$t" copyup_ms "$ms"
     log "$t copy-up: $ms ms"
 
@@ -260,8 +285,11 @@ EOF
 }
 
 START=$(date +%s)
-for t in "${TARGET_LIST[@]}"; do
-    bench_target "$t"
+for round in $(seq "$REPEAT"); do
+    [ "$REPEAT" = 1 ] || log "round $round of $REPEAT"
+    for t in "${TARGET_LIST[@]}"; do
+        bench_target "$t"
+    done
 done
 ELAPSED=$(( $(date +%s) - START ))
 
@@ -276,7 +304,7 @@ mem_gib=$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
     echo "- scratch filesystem: $fs_type; fio $(fio --version 2>/dev/null | sed 's/^fio-//')"
     want fuse-overlayfs && echo "- fuse-overlayfs: $(fuse-overlayfs --version 2>/dev/null | sed -n 's/^fuse-overlayfs: *//p' | head -n1)"
     want layerfs && echo "- layerfs: $("$LAYERFS" --version 2>/dev/null | head -n1 || echo unknown)"
-    echo "- SIZE=$SIZE RUNTIME=$RUNTIME FILES=$FILES TARGETS=\"${TARGET_LIST[*]}\"; ioengine=psync, direct=0, 1 job"
+    echo "- SIZE=$SIZE RUNTIME=$RUNTIME FILES=$FILES REPEAT=$REPEAT TARGETS=\"${TARGET_LIST[*]}\"; ioengine=psync, direct=0, 1 job"
     [ "$CACHES_DROPPED" = 1 ] || echo "- WARNING: caches could not be dropped: 'first read' and 'cold stat' were warm"
     echo "- wall time: ${ELAPSED}s"
     echo

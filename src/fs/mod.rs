@@ -43,6 +43,13 @@ use backing::{BackingTable, Grant};
 use handles::{DirHandle, FileHandle as OpenFile, Handle, HandleTable};
 use notify::Notices;
 
+/// How long the kernel trusts the attributes of a file open for writing through
+/// passthrough, which a shared mapping may change unseen. Not zero: the kernel checks
+/// permissions against its cached attributes, and a zero lifetime made it ask again for
+/// every open of such a file (one more round trip per create); a stat more than this after
+/// an `msync` sees its times.
+const MAPPED_WRITER_TTL: Duration = Duration::from_millis(1);
+
 /// How long the kernel may trust what it was told.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
@@ -102,11 +109,12 @@ impl Core {
         );
     }
 
-    /// How long the kernel may keep a node's attributes: not at all while it may be written
-    /// through a shared mapping of its backing file, which the daemon never hears of.
+    /// How long the kernel may keep a node's attributes: a moment only while it may be
+    /// written through a shared mapping of its backing file, which the daemon never hears
+    /// of (see [`MAPPED_WRITER_TTL`]).
     fn attr_ttl(&self, node: &Node) -> Duration {
         if node.state().mapped_writers > 0 {
-            Duration::ZERO
+            MAPPED_WRITER_TTL
         } else {
             self.timeouts.attr
         }
