@@ -617,7 +617,16 @@ impl Core {
             ino: ino.0,
             entries: Mutex::new(Arc::new(Vec::new())),
         }));
-        reply.opened(FileHandle(fh), FopenFlags::empty());
+        // The kernel may keep a listing across opens, as it keeps names: a directory's
+        // entries change only through this mount (which bumps the directory's version, and
+        // that drops the cached listing) or through a refresh, which invalidates the
+        // directories whose entries it changes (see `refresh::invalidate`).
+        let cache = if self.timeouts.entry.is_zero() {
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        };
+        reply.opened(FileHandle(fh), cache);
     }
 
     fn readdir(&self, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
