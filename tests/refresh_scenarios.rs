@@ -14,7 +14,7 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -565,15 +565,6 @@ fn mount() -> Mount {
 fn wait_for_socket(m: &Mount) {
     let socket = layerfs::control::socket_path(&fs::canonicalize(&m.mnt).unwrap());
     eventually(10, "the control socket is up", || socket.exists());
-}
-
-fn cli(args: &[&str], mnt: &Path) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .arg(mnt)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run layerfs")
 }
 
 /// `layerfs refresh --json`: runs a round, which must succeed; returns its report.

@@ -5,7 +5,7 @@ mod common;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -20,15 +20,6 @@ fn on_demand() -> Mount {
     );
     m.wait_for_control();
     m
-}
-
-fn cli(args: &[&str], mnt: &Path) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .arg(mnt)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run layerfs")
 }
 
 fn status(m: &Mount) -> Value {

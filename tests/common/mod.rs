@@ -875,3 +875,13 @@ pub fn detach(mnt: &Path) {
     // SAFETY: a NUL-terminated path; failure (nothing mounted there) is fine.
     unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
 }
+
+/// `layerfs ARGS... MOUNTPOINT`, its output collected.
+pub fn cli(args: &[&str], mnt: &Path) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .arg(mnt)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run layerfs")
+}
