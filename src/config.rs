@@ -346,6 +346,26 @@ pub fn is_mountpoint(path: &Path) -> bool {
         .any(|m| m.point == path)
 }
 
+/// Options mount(8) and fstab carry for mount(8) itself or for other programs (systemd,
+/// fsck ordering, user mounts): the mount helper and a remount accept and ignore them.
+pub fn is_for_mount8(option: &str) -> bool {
+    let key = option.split_once('=').map_or(option, |(k, _)| k);
+    matches!(
+        key,
+        "defaults"
+            | "nofail"
+            | "_netdev"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "users"
+            | "nouser"
+            | "owner"
+            | "group"
+            | "comment"
+    ) || key.starts_with("x-")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

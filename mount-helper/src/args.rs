@@ -3,26 +3,6 @@
 
 use std::path::PathBuf;
 
-/// Options mount(8) and fstab carry for mount(8) itself or for other programs (systemd,
-/// fsck ordering, user mounts). A helper must accept and ignore them.
-fn is_foreign(option: &str) -> bool {
-    matches!(
-        option,
-        "defaults"
-            | "nofail"
-            | "_netdev"
-            | "auto"
-            | "noauto"
-            | "user"
-            | "users"
-            | "nouser"
-            | "owner"
-            | "group"
-    ) || option.starts_with("x-")
-        || option.starts_with("comment=")
-        || option.starts_with("user=")
-}
-
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Args {
     pub source: PathBuf,
@@ -71,7 +51,7 @@ pub fn parse(argv: &[String]) -> Result<Args, String> {
                             value
                                 .split(',')
                                 .map(str::trim)
-                                .filter(|o| !o.is_empty() && !is_foreign(o))
+                                .filter(|o| !o.is_empty() && !layerfs::config::is_for_mount8(o))
                                 .map(String::from),
                         ),
                         'N' => args.namespace = Some(value),

@@ -71,18 +71,7 @@ fn is_ignored(option: &str) -> bool {
             | "sync"
             | "async"
             | "dirsync"
-            | "defaults"
-            | "nofail"
-            | "_netdev"
-            | "auto"
-            | "noauto"
-            | "user"
-            | "users"
-            | "nouser"
-            | "owner"
-            | "group"
-            | "comment"
-    ) || key.starts_with("x-")
+    ) || crate::config::is_for_mount8(option)
 }
 
 /// Checks `options` against `current`: each option alone must change nothing but what can

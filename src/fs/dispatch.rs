@@ -48,17 +48,22 @@ impl LayerFs {
         })
     }
 
+    /// When a request starts, if requests are counted.
+    fn clock(&self) -> Option<Instant> {
+        self.metrics.as_ref().map(|_| Instant::now())
+    }
+
     /// Counts a request that started at `start` and has been replied to (on this thread).
-    fn served(metrics: Option<&Metrics>, op: &'static str, start: Instant) {
+    fn served(metrics: Option<&Metrics>, op: &'static str, start: Option<Instant>) {
         let failed = outcome::take();
-        if let Some(m) = metrics {
+        if let (Some(m), Some(start)) = (metrics, start) {
             m.request(op, start.elapsed(), failed);
         }
     }
 
     /// Serves a request on this thread and counts it.
     fn here(&self, op: &'static str, serve: impl FnOnce(&Core)) {
-        let start = Instant::now();
+        let start = self.clock();
         serve(&self.core);
         Self::served(self.metrics.as_deref(), op, start);
     }
@@ -79,7 +84,7 @@ impl LayerFs {
 
     /// Serves `job` on the remote pool and counts it, from now until it is replied to.
     fn remote(&self, op: &'static str, job: impl FnOnce(&Core) + Send + 'static) {
-        let start = Instant::now();
+        let start = self.clock();
         let (core, metrics) = (self.core.clone(), self.metrics.clone());
         self.pool.run(move || {
             job(&core);

@@ -125,20 +125,10 @@ fn describe(what: &str, was: Id, is: Id) -> String {
 /// The attributes of the directory `parts` below `root`, not following symlinks; `None`
 /// if it is not there.
 fn stat_below(root: BorrowedFd<'_>, parts: &[&str]) -> Result<Option<libc::stat>, Errno> {
-    let mut dir: Option<OwnedFd> = None;
-    for part in parts {
-        let at = dir.as_ref().map_or(root, |d| d.as_fd());
-        let name = store::cname(std::ffi::OsStr::new(part))?;
-        match store::open_dir_at(at, &name) {
-            Ok(fd) => dir = Some(fd),
-            Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
-            Err(e) => return Err(e),
-        }
+    match store::open_dir_below(root, parts)? {
+        Some(dir) => Ok(Some(store::stat_fd(dir.as_fd())?)),
+        None => Ok(None),
     }
-    let Some(dir) = dir else {
-        return Ok(None);
-    };
-    Ok(Some(store::stat_fd(dir.as_fd())?))
 }
 
 #[cfg(test)]

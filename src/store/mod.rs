@@ -15,7 +15,7 @@ pub mod mountinfo;
 pub mod xattr;
 
 use std::ffi::{CStr, CString, OsStr};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use nix::errno::Errno;
@@ -118,6 +118,21 @@ pub fn open_path_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> 
 /// Opens a subdirectory as an `O_PATH` handle; a symlink in its place is `ENOTDIR`.
 pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
     open_at(dir, name, OFlag::O_PATH | OFlag::O_DIRECTORY, 0)
+}
+
+/// Opens the directory `parts` below `root`, one component at a time, never following a
+/// symlink; `None` if a component is missing or not a directory.
+pub fn open_dir_below(root: BorrowedFd<'_>, parts: &[&str]) -> Result<Option<OwnedFd>, Errno> {
+    let mut dir: Option<OwnedFd> = None;
+    for part in parts {
+        let at = dir.as_ref().map_or(root, |d| d.as_fd());
+        match open_dir_at(at, &cname(OsStr::new(part))?) {
+            Ok(fd) => dir = Some(fd),
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(dir)
 }
 
 /// Re-opens an `O_PATH` handle with real access flags through `/proc/self/fd`, which refers

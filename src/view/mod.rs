@@ -291,17 +291,11 @@ impl View {
     /// Opens the remote area of a layout directory (`<driver>/RO`, …) from the remote root,
     /// one component at a time and without following symlinks.
     fn remote_area(&self, zone: Zone) -> Result<Option<OwnedFd>, Errno> {
-        let root = self.remote_root();
-        let mut dir: Option<OwnedFd> = None;
-        for part in self.layout.remote_area(zone) {
-            let at = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
-            match store::open_dir_at(at, &cname(OsStr::new(part))?) {
-                Ok(fd) => dir = Some(fd),
-                Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
-                Err(e) => return Err(remote_error(e)),
-            }
+        let parts = self.layout.remote_area(zone);
+        if parts.is_empty() {
+            return Ok(None);
         }
-        Ok(dir)
+        store::open_dir_below(self.remote_root().as_fd(), &parts).map_err(remote_error)
     }
 
     /// The remote root in force.

@@ -6,7 +6,7 @@
 
 use std::ffi::OsStr;
 
-use super::{Layer, View, Zone};
+use super::{Layer, Node, View, Zone};
 
 impl View {
     /// Whether resolving, creating or removing `name` in the directory `parent` may ask the
@@ -17,7 +17,7 @@ impl View {
             return false;
         };
         match dir.zone {
-            Zone::Shared => self.entries_may_wait(parent),
+            Zone::Shared => names_remote(&dir),
             zone if zone.lists_shared() => self.layout.remote_visible(zone, name, &self.index()),
             _ => false,
         }
@@ -25,17 +25,22 @@ impl View {
 
     /// Whether listing the directory `dir` may ask the remote.
     pub fn entries_may_wait(&self, dir: u64) -> bool {
-        self.inodes.get(dir).is_some_and(|node| {
-            let st = node.state();
-            node.zone == Zone::Shared && (st.remote.is_some() || st.layer == Layer::Remote)
-        })
+        self.inodes
+            .get(dir)
+            .is_some_and(|node| node.zone == Zone::Shared && names_remote(&node))
     }
 
     /// Whether reading the object `ino` or its attributes, or copying it up, may ask the
-    /// remote: it lives there.
+    /// remote: it lives there (only objects of shared objects can).
     pub fn object_may_wait(&self, ino: u64) -> bool {
         self.inodes
             .get(ino)
-            .is_some_and(|node| node.layer() == Layer::Remote)
+            .is_some_and(|node| node.zone == Zone::Shared && node.layer() == Layer::Remote)
     }
+}
+
+/// Whether a shared object's directory has entries on the remote.
+fn names_remote(dir: &Node) -> bool {
+    let st = dir.state();
+    st.remote.is_some() || st.layer == Layer::Remote
 }
