@@ -2051,3 +2051,164 @@ fn exchanging_a_root_with_a_plain_directory_keeps_its_quota_across_a_remount() {
         ["overlay/b"]
     );
 }
+
+// ---- Reads and writers beside passthrough readers ------------------------------------------
+
+/// What the daemon serving `m` has read through system calls so far (`rchar`): reads served
+/// by the daemon add to it, passthrough reads happen in the reader and do not.
+fn daemon_rchar(m: &Mount) -> u64 {
+    let mnt = m.mnt.to_string_lossy().into_owned();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if !args.iter().any(|a| a.ends_with("layerfs")) || !args.contains(&mnt) {
+            continue;
+        }
+        let io = fs::read_to_string(entry.path().join("io")).unwrap();
+        let rchar = io.lines().find_map(|l| l.strip_prefix("rchar: ")).unwrap();
+        return rchar.trim().parse().unwrap();
+    }
+    panic!("no daemon serving {mnt}");
+}
+
+/// Reads allocate nothing, so a file inside a quota root is read with FUSE passthrough
+/// like any other: its bytes never pass through the daemon.
+#[test]
+fn reads_inside_a_root_get_passthrough() {
+    let m = mount();
+    if !passthrough_in_use(&m, "probe") {
+        eprintln!("skipped: FUSE passthrough is not available on this kernel");
+        return;
+    }
+    let q = root(&m, "q", "64M", &[]);
+    let data = write_file(&q.join("f"), 8 * MIB as usize, 11);
+    drop_caches();
+    let before = daemon_rchar(&m);
+    assert!(fs::read(q.join("f")).unwrap() == data, "content read back");
+    let through_daemon = daemon_rchar(&m) - before;
+    assert!(
+        through_daemon < MIB,
+        "{through_daemon} bytes of an 8 MiB read went through the daemon"
+    );
+}
+
+/// A writer of a file that passthrough readers hold open is still counted and limited: its
+/// writes go through the daemon, and the file's holes, which a shared mapping of it could
+/// fill unseen, are set aside while it is open.
+#[test]
+fn a_writer_beside_a_passthrough_reader_is_counted_and_limited() {
+    let m = mount();
+    if !passthrough_in_use(&m, "probe") {
+        eprintln!("skipped: FUSE passthrough is not available on this kernel");
+        return;
+    }
+    let q = root(&m, "q", "8M", &[]);
+    let base = used(&m, "overlay/q");
+    write_file(&q.join("f"), MIB as usize, 5);
+    let reader = fs::File::open(q.join("f")).unwrap();
+    let mut writer = fs::OpenOptions::new()
+        .append(true)
+        .open(q.join("f"))
+        .unwrap();
+    let (n, e) = fill(&mut writer, MIB as usize, 64 * MIB);
+    assert_eq!(e, libc::ENOSPC, "{}", errname(e));
+    assert!(
+        n + MIB <= 8 * MIB,
+        "{n} bytes appended under an 8 MiB quota"
+    );
+    drop(writer);
+    drop(reader);
+    used_until(&m, "overlay/q", "the appended data is counted", |u| {
+        u >= base + MIB + n - SLACK
+    });
+    assert_usage_matches_local(&m, "overlay/q");
+
+    // The holes of a sparse file must fit beside a reader: 16 MiB of them do not fit in 8.
+    fs::remove_file(q.join("f")).unwrap();
+    let sparse = fs::File::create(q.join("s")).unwrap();
+    sparse.set_len(16 * MIB).unwrap();
+    drop(sparse);
+    let reader = fs::File::open(q.join("s")).unwrap();
+    assert_errno(
+        "a writer of 16 MiB of holes beside a passthrough reader, in an 8 MiB root",
+        fs::OpenOptions::new().write(true).open(q.join("s")),
+        libc::ENOSPC,
+    );
+    drop(reader);
+    // Without readers, writes go through the daemon whatever the holes.
+    let mut writer = eventually_open(&q.join("s"));
+    writer.write_all(&[3u8; 4096]).unwrap();
+    drop(writer);
+    assert_usage_matches_local(&m, "overlay/q");
+}
+
+/// Opens `p` for writing, retrying while a reader's RELEASE has not arrived yet.
+fn eventually_open(p: &Path) -> fs::File {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match fs::OpenOptions::new().write(true).open(p) {
+            Ok(f) => return f,
+            Err(e) if errno(&e) == libc::ENOSPC && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(e) => panic!("open {} for writing: {e}", p.display()),
+        }
+    }
+}
+
+/// A shared writable mapping of a file that a passthrough reader holds open writes to the
+/// file itself; what it allocated is counted once the writer is closed, and while it is
+/// open, the holes it could fill are not available to other files.
+#[test]
+fn a_mapping_beside_a_passthrough_reader_is_counted_at_close() {
+    let m = mount();
+    if !passthrough_in_use(&m, "probe") {
+        eprintln!("skipped: FUSE passthrough is not available on this kernel");
+        return;
+    }
+    let q = root(&m, "q", "8M", &[]);
+    let base = used(&m, "overlay/q");
+    let len = 4 * MIB as usize;
+    let f = fs::File::create(q.join("m")).unwrap();
+    f.set_len(len as u64).unwrap();
+    drop(f);
+    let reader = fs::File::open(q.join("m")).unwrap();
+    let writer = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(q.join("m"))
+        .unwrap();
+    // The 4 MiB of holes are set aside: another file gets at most the other 4.
+    let other = fill_root(&q, "other", libc::ENOSPC);
+    assert!(
+        other <= 4 * MIB,
+        "{other} bytes written beside 4 MiB of held holes"
+    );
+    fs::remove_file(q.join("other")).unwrap();
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            writer.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        std::ptr::write_bytes(p as *mut u8, 0x5a, len);
+        assert_eq!(libc::msync(p, len, libc::MS_SYNC), 0);
+        libc::munmap(p, len);
+    }
+    drop(writer);
+    drop(reader);
+    used_until(&m, "overlay/q", "the mapped writes are counted", |u| {
+        u + SLACK >= base + len as u64
+    });
+    assert_usage_matches_local(&m, "overlay/q");
+    assert!(fs::read(q.join("m")).unwrap().iter().all(|&b| b == 0x5a));
+}

@@ -11,8 +11,9 @@
 //! the kernel looks the name up again and opens the copy under a new node (see `fs::open`).
 //!
 //! Writes the daemon must see (files under a quota root, whose allocations it counts) are
-//! intercepted: such an open is never a passthrough open, and it gets direct I/O, naming
-//! the inode's backing file where it has one. Direct I/O rather than the page cache because
+//! intercepted: an open that may write there is never a passthrough open, and it gets
+//! direct I/O, naming the inode's backing file where it has one (read-only opens take
+//! passthrough anywhere: reads allocate nothing). Direct I/O rather than the page cache because
 //! a cached write through FUSE is copied twice (into our page cache, then into local's):
 //! 1 MiB writes run at the speed of the passthrough ones this way. The kernel drops cached
 //! pages a direct write overwrites (we allow mmap on direct-I/O files, which turns that on),
@@ -43,7 +44,8 @@ enum Slot {
 pub enum Grant {
     Passthrough(Arc<BackingId>),
     Cached,
-    /// I/O through the daemon, under the inode's backing file of another layer.
+    /// I/O through the daemon, uncached, on an inode bound to a backing file by
+    /// passthrough opens (which the open names, as the kernel requires).
     Direct(Arc<BackingId>),
     /// I/O through the daemon, bypassing the page cache, on an inode without a backing file.
     Uncached,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::view::listing::ListEntry;
+use crate::view::quota::Held;
 use crate::view::{Layer, Node};
 
 /// How the kernel does I/O on an open file.
@@ -17,9 +18,9 @@ pub enum IoMode {
     Passthrough,
     /// Through the daemon, with the kernel's page cache.
     Cached,
-    /// Through the daemon, bypassing the page cache: used when the inode is already in
-    /// passthrough mode on another backing file (a read-only open from before a copy-up);
-    /// the open still names that backing file, as the kernel requires.
+    /// Through the daemon, bypassing the page cache: writes the daemon must count (under a
+    /// quota root), on an inode without a backing file or one bound to a backing file by
+    /// passthrough readers, which the open still names, as the kernel requires.
     Direct,
 }
 
@@ -28,9 +29,11 @@ pub struct FileHandle {
     /// The open object (its number is `node.ino`), kept for the quota accounting of its
     /// writes and to count its opens.
     pub node: Arc<Node>,
-    /// Does its I/O straight on local through FUSE passthrough.
+    /// A passthrough open that may write: counted while open, so that no quota is set
+    /// over writes it would make unseen.
     pub bypasses: bool,
-    /// A passthrough open that may write, through a shared mapping too.
+    /// An open that may write through a shared mapping of the file itself (passthrough,
+    /// or direct I/O on a passthrough-bound inode), unseen.
     pub maps_writes: bool,
     pub fd: OwnedFd,
     pub layer: Layer,
@@ -38,6 +41,8 @@ pub struct FileHandle {
     /// A remote file opened before its copy-up, read through the daemon: the copy, opened
     /// for reading on the first read after it (see `LayerFs::read`).
     pub copy: Mutex<Option<Arc<OwnedFd>>>,
+    /// Quota set aside while the open lasts.
+    pub _held: Option<Held>,
 }
 
 #[derive(Debug)]

@@ -37,6 +37,7 @@ use tracing::{debug, info};
 
 use crate::store::creds;
 use crate::view::attrs::{SetAttr, Time};
+use crate::view::quota::Held;
 use crate::view::{Caller, Entry, Layer, Node, View};
 use attr::{file_attr, file_type};
 use backing::{BackingTable, Grant};
@@ -124,10 +125,12 @@ impl Core {
         self.handles.file(fh.0).ok_or(Errno::EBADF)
     }
 
-    /// How an open is served. A file under a quota root never gets passthrough (even a
-    /// read-only open could allocate through a shared writable mmap), and its writes go
-    /// through the daemon, uncached (see `backing`). `None`: the kernel's inode has a
-    /// backing file of another layer (see `backing`).
+    /// How an open is served, and what it holds of its quota. Reads never allocate, so a
+    /// read-only open gets passthrough anywhere. One that may write gets it only outside
+    /// quota roots; under one, its writes go through the daemon, uncached, naming the
+    /// inode's backing file where readers gave it one (see `backing`, and
+    /// [`crate::view::View::hold_holes`] for what such a writer holds). `None`: the
+    /// kernel's inode has a backing file of another layer (see `backing`).
     fn grant(
         &self,
         node: &Arc<Node>,
@@ -135,8 +138,8 @@ impl Core {
         layer: Layer,
         writes: bool,
         open: impl FnOnce(&OwnedFd) -> std::io::Result<fuser::BackingId>,
-    ) -> Option<Grant> {
-        let free = self.view.may_bypass(node);
+    ) -> Result<Option<Granted>, Errno> {
+        let free = !writes || self.view.may_bypass(node);
         let grant = self.backing.acquire(
             node.ino,
             layer,
@@ -144,10 +147,23 @@ impl Core {
             writes && !free,
             || open(fd),
         );
-        if free && !matches!(grant, Some(Grant::Passthrough(_))) {
+        if writes && free && !matches!(grant, Some(Grant::Passthrough(_))) {
             self.view.bypass_refused(node);
         }
-        grant
+        let Some(grant) = grant else {
+            return Ok(None);
+        };
+        let held = match grant {
+            Grant::Direct(_) => match self.view.hold_holes(node, fd.as_fd()) {
+                Ok(held) => held,
+                Err(e) => {
+                    self.backing.release(node.ino);
+                    return Err(e);
+                }
+            },
+            _ => None,
+        };
+        Ok(Some(Granted { grant, held }))
     }
 
     /// The local copy of a remote file `file` opened before it was copied up, once it has
@@ -164,24 +180,27 @@ impl Core {
         Ok(copy.clone())
     }
 
-    /// Records an open that was granted `grant`; returns its handle number.
+    /// Records an open and what it was granted; returns its handle number and the grant,
+    /// for the reply.
     fn opened(
         &self,
         node: &Arc<Node>,
         fd: OwnedFd,
         layer: Layer,
         writes: bool,
-        grant: &Grant,
-    ) -> u64 {
-        let bypasses = matches!(grant, Grant::Passthrough(_));
+        created: bool,
+        Granted { grant, held }: Granted,
+    ) -> (u64, Grant) {
         // A shared writable mapping of this open changes the file where the daemon cannot
-        // see it: from now on the kernel asks for the attributes every time.
-        let maps_writes = bypasses && writes;
+        // see it: from now on the kernel trusts its attributes for a tick only. A file just
+        // created is new to the kernel, which takes its attributes from the reply.
+        let maps_writes = writes && matches!(grant, Grant::Passthrough(_) | Grant::Direct(_));
+        let bypasses = writes && matches!(grant, Grant::Passthrough(_));
         self.view.opened(node, maps_writes);
-        if maps_writes {
+        if maps_writes && !created {
             self.notices.drop_attributes(node.ino);
         }
-        self.handles.insert(Handle::File(OpenFile {
+        let fh = self.handles.insert(Handle::File(OpenFile {
             node: node.clone(),
             bypasses,
             maps_writes,
@@ -189,8 +208,16 @@ impl Core {
             layer,
             mode: grant.mode(),
             copy: Mutex::new(None),
-        }))
+            _held: held,
+        }));
+        (fh, grant)
     }
+}
+
+/// What an open was granted: its I/O mode, and the quota it holds while open.
+struct Granted {
+    grant: Grant,
+    held: Option<Held>,
 }
 
 /// Who sent a request, kept beyond it: a request handed to the remote pool outlives the
@@ -499,10 +526,10 @@ impl Core {
         }
         let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let who = caller(req);
-        let grant = self.grant(&node, &fd, layer, writes, |fd| {
+        let granted = self.grant(&node, &fd, layer, writes, |fd| {
             backing_as(who, layer, || reply.open_backing(fd))
         });
-        let Some(grant) = grant else {
+        let Some(granted) = tri!(reply, granted) else {
             // The kernel's inode is bound to the remote copy it had before a copy-up, and
             // would map it: the node goes, and the kernel, told the open is stale, looks
             // the name up again and gets a new node for the copy.
@@ -511,7 +538,7 @@ impl Core {
             }
             return reply.error(errno(Errno::ESTALE));
         };
-        let fh = self.opened(&node, fd, layer, writes, &grant);
+        let (fh, grant) = self.opened(&node, fd, layer, writes, false, granted);
         let fopen = open_flags(&grant);
         match &grant {
             // The kernel wants every open of an inode with a backing file to name it.
@@ -577,17 +604,10 @@ impl Core {
         if let Some(handle) = self.handles.remove(fh.0) {
             if let Some(file) = handle.as_file() {
                 self.backing.release(file.node.ino);
-                let writers_left = self.view.released(
-                    &file.node,
-                    file.fd.as_fd(),
-                    file.bypasses,
-                    file.maps_writes,
-                );
-                // The last shared mapping that could write unseen is gone: what it did to
-                // the times and size is read again.
-                if writers_left == Some(0) {
-                    self.notices.drop_attributes(file.node.ino);
-                }
+                // What the kernel holds of a file written through a mapping lives a tick
+                // (`MAPPED_WRITER_TTL`), so it is read again anyway: nothing to drop here.
+                self.view
+                    .released(&file.node, file.fd.as_fd(), file.bypasses, file.maps_writes);
             }
         }
         reply.ok();
@@ -765,13 +785,15 @@ impl Core {
         let (entry, fd) = tri!(reply, self.view.create(parent.0, name, mode, flags, who));
         let layer = crate::view::Layer::Local;
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let grant = self
-            .grant(&entry.node, &fd, layer, writes, |fd| {
-                backing_as(who, layer, || reply.open_backing(fd))
-            })
-            // A new object has no other open to be bound to.
-            .unwrap_or(Grant::Uncached);
-        let fh = self.opened(&entry.node, fd, layer, writes, &grant);
+        let granted = self.grant(&entry.node, &fd, layer, writes, |fd| {
+            backing_as(who, layer, || reply.open_backing(fd))
+        });
+        // A new object has no other open to be bound to.
+        let granted = tri!(reply, granted).unwrap_or(Granted {
+            grant: Grant::Uncached,
+            held: None,
+        });
+        let (fh, grant) = self.opened(&entry.node, fd, layer, writes, true, granted);
         let fopen = open_flags(&grant);
         let attr = file_attr(&entry.stat);
         let ttl = self.attr_ttl(&entry.node);

@@ -73,9 +73,7 @@ impl View {
             let fd = creds::run_as(caller.acting(), || {
                 store::open_at(dir, at, oflags, mode & 0o7777)
             })?;
-            let owned = store::stat_fd(dir)
-                .and_then(|d| give_to_caller(fd.as_fd(), caller, &d, mode, Kind::File));
-            match owned {
+            match give_to_caller(fd.as_fd(), caller, dir, mode, Kind::File) {
                 Ok(()) => Ok(fd),
                 Err(e) => {
                     let _ = names::remove_any(dir, at, false);
@@ -124,7 +122,7 @@ impl View {
                 nix::sys::stat::mkdirat(dir, at, Mode::from_bits_truncate(mode & 0o7777))
             })?;
             let made = store::open_dir_at(dir, at).and_then(|fd| {
-                give_to_caller(fd.as_fd(), caller, &store::stat_fd(dir)?, mode, Kind::Dir)?;
+                give_to_caller(fd.as_fd(), caller, dir, mode, Kind::Dir)?;
                 // A directory made where a remote one is hidden must not let its entries back.
                 if below {
                     marker::set_opaque(fd.as_fd())?;
@@ -188,13 +186,7 @@ impl View {
                         // refuse it, as kernel overlayfs refuses every such device.
                         marker::set_device(fd.as_fd()).map_err(|_| Errno::EPERM)?;
                     }
-                    give_to_caller(
-                        fd.as_fd(),
-                        caller,
-                        &store::stat_fd(dir)?,
-                        mode,
-                        Kind::from_mode(mode),
-                    )
+                    give_to_caller(fd.as_fd(), caller, dir, mode, Kind::from_mode(mode))
                 });
                 if made.is_err() {
                     let _ = names::remove_any(dir, at, false);
@@ -656,13 +648,14 @@ impl View {
 fn give_to_caller(
     fd: BorrowedFd<'_>,
     caller: Caller,
-    dir: &Stat,
+    dir: BorrowedFd<'_>,
     mode: u32,
     kind: Kind,
 ) -> Result<(), Errno> {
     if creds::acts_as_caller() {
         return Ok(());
     }
+    let dir = store::stat_fd(dir)?;
     let gid = (dir.st_mode & libc::S_ISGID == 0).then(|| Gid::from_raw(caller.gid));
     nix::unistd::fchownat(
         fd,

@@ -20,6 +20,12 @@ use crate::view::{Stat, View};
 /// XFS, where a new entry reserves directory space.
 pub(in crate::view) const NEEDS_ROOM: u64 = 1;
 
+/// Quota set aside for as long as an open lasts (see [`View::hold_holes`]).
+#[derive(Debug)]
+pub struct Held {
+    _reservation: Reservation,
+}
+
 /// What happens to a quota root's usage when something moves between roots.
 pub(in crate::view) struct Move {
     from: Option<Arc<QuotaRoot>>,
@@ -146,6 +152,26 @@ impl View {
         root.charge_inodes(-1);
     }
 
+    /// What a writer of `node` (open through `fd`) must hold while its writes are counted
+    /// but a shared mapping of it maps the file itself: the kernel binds every open of a
+    /// file that is open for passthrough reading to the same backing file, so a mapping
+    /// could fill the file's holes unseen. Its holes are set aside in the quota for as long
+    /// as the open lasts (`EDQUOT` when they do not fit), and what it did is measured at
+    /// its close. `None` outside quota roots.
+    pub fn hold_holes(&self, node: &Arc<Node>, fd: BorrowedFd<'_>) -> Result<Option<Held>, Errno> {
+        let Some(root) = self.quota_of(node) else {
+            return Ok(None);
+        };
+        let st = store::stat_fd(fd)?;
+        let block = self.local_block_size().max(1);
+        let size = (st.st_size as u64).div_ceil(block) * block;
+        let holes = size.saturating_sub(allocated(&st));
+        let reservation = root.reserve(holes)?;
+        Ok(Some(Held {
+            _reservation: reservation,
+        }))
+    }
+
     /// Whether an open of `node` may do its I/O with FUSE passthrough, unseen by the
     /// daemon: only outside quota roots. It counts as a passthrough open from before its
     /// root is looked up, so that a quota being set meanwhile sees it (see
@@ -189,26 +215,24 @@ impl View {
     }
 
     /// An open of `node` was closed; the last close of a file whose names are all gone
-    /// frees its space. Returns how many opens that may write through a mapping are left,
-    /// if this was one.
+    /// frees its space.
     pub fn released(
         &self,
         node: &Arc<Node>,
         fd: BorrowedFd<'_>,
         bypasses: bool,
         maps_writes: bool,
-    ) -> Option<u32> {
+    ) {
         self.resettle(node, fd);
-        let (orphan, writers) = {
+        let orphan = {
             let mut state = node.state();
             state.open_files = state.open_files.saturating_sub(1);
             state.passthrough_opens = state.passthrough_opens.saturating_sub(bypasses as u32);
             state.mapped_writers = state.mapped_writers.saturating_sub(maps_writes as u32);
-            let writers = maps_writes.then_some(state.mapped_writers);
             if state.open_files > 0 {
-                return writers;
+                return;
             }
-            (state.orphan_of.take(), writers)
+            state.orphan_of.take()
         };
         if let Some(root) = orphan {
             if let Ok(st) = store::stat_fd(fd) {
@@ -216,7 +240,6 @@ impl View {
                 root.charge_inodes(-1);
             }
         }
-        writers
     }
 
     /// Records what a file under `root` holds now; `before` is what it held before the

@@ -30,6 +30,7 @@ use crate::quota::size::{parse_size, SizeError};
 use crate::quota::table::{Limit, QuotaRoot};
 use crate::store;
 
+pub use charge::Held;
 pub(in crate::view) use charge::{charge_new, dir_blocks, NEEDS_ROOM};
 pub(in crate::view) use io::copy_estimate;
 
