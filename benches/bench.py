@@ -4,11 +4,13 @@
 Subcommands:
   bytes SIZE                   print SIZE (e.g. 256M, 1G, 4096, 1GiB) in bytes (1024-based suffixes)
   mkdata PATH BYTES            write BYTES of random data to PATH (not sparse)
+  mksparse PATH BYTES          a sparse file of BYTES: 1 MiB of random data every 64 MiB, holes between
   fio JSON rw|write            print "<MiB/s> <IOPS>" from a fio --output-format=json file
   meta DIR N                   metadata workload in DIR (created, must not exist):
                                create N files, cold stat, readdir, unlink; print JSON ops/s
   copyup PATH                  time the first 1-byte write into PATH (open O_WRONLY + pwrite +
-                               fsync + close, after a full read so the source is cached); print ms
+                               fsync + close, after a full read so the source is cached); print ms.
+                               A sparse PATH must still be sparse after the copy-up
   report RESULTS TARGETS...    print the Markdown result tables
 """
 
@@ -54,6 +56,17 @@ def cmd_mkdata(args):
             k = min(chunk, left)
             f.write(os.urandom(k))
             left -= k
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def cmd_mksparse(args):
+    path, n = args[0], int(args[1])
+    with open(path, "wb") as f:
+        f.truncate(n)
+        for off in range(0, n, 64 * MIB):
+            f.seek(off)
+            f.write(os.urandom(min(MIB, n - off)))
         f.flush()
         os.fsync(f.fileno())
 
@@ -161,6 +174,8 @@ def cmd_requests(args):
 
 def cmd_copyup(args):
     path = args[0]
+    before = os.stat(path)
+    sparse = before.st_blocks * 512 < before.st_size // 2
     with open(path, "rb") as f:  # read through the target: source cached, nothing dirty
         while f.read(4 * MIB):
             pass
@@ -174,6 +189,10 @@ def cmd_copyup(args):
     with open(path, "rb") as f:
         if f.read(1) != b"x":
             raise SystemExit("copy-up: write not visible")
+    after = os.stat(path)
+    if sparse and after.st_blocks * 512 > after.st_size // 2:
+        raise SystemExit("copy-up: the holes of a sparse file were filled (%d of %d bytes allocated)"
+                         % (after.st_blocks * 512, after.st_size))
     print("%.3f" % (dt * 1000))
 
 
@@ -189,6 +208,7 @@ WORKLOADS = [
     ("meta_readdir", "readdir", "entries/s", True, 0.5),
     ("meta_unlink", "unlink", "ops/s", True, 0.5),
     ("copyup_ms", "copy-up: 1st write into 64 MiB lower file", "ms", False, 1.0),
+    ("copyup_sparse_ms", "copy-up: 1st write into 1 GiB sparse lower file", "ms", False, 1.0),
 ]
 
 
@@ -259,7 +279,7 @@ def cmd_report(args):
             cells = []
             for t in others:
                 r = ratio(res.get((t, key)), b, hb)
-                if base == "plain" and key == "copyup_ms":
+                if base == "plain" and key.startswith("copyup"):
                     cells.append("n/a")  # the plain dir has no lower: nothing is copied up
                 else:
                     cells.append("n/a" if r is None else "%.2f" % r)
@@ -289,7 +309,7 @@ def main():
         raise SystemExit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
     fn = {"bytes": cmd_bytes, "mkdata": cmd_mkdata, "fio": cmd_fio, "meta": cmd_meta,
-          "copyup": cmd_copyup, "report": cmd_report, "requests": cmd_requests}.get(cmd)
+          "copyup": cmd_copyup, "mksparse": cmd_mksparse, "report": cmd_report, "requests": cmd_requests}.get(cmd)
     if fn is None:
         raise SystemExit(__doc__)
     fn(args)

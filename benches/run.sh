@@ -7,6 +7,8 @@
 #   RUNTIME=10s    duration of the time-based random jobs
 #   FILES=10000    files in the metadata workload
 #   SCRATCH=/var/tmp/layerfs-bench   scratch area (a per-run subdir is created and removed)
+#   SCRATCH_FS=ext4  run on a fresh journaled ext4 made in a loop image inside SCRATCH (default),
+#                  or "host" to run on SCRATCH's own filesystem
 #   LAYERFS=target/release/layerfs   layerfs binary (built with cargo build --release if missing)
 #   TARGETS="plain overlayfs fuse-overlayfs layerfs"   which targets to run, in this order
 #   REPEAT=1       rounds over all targets, interleaved; the report gives medians and spread
@@ -20,10 +22,12 @@ SIZE=${SIZE:-256M}
 RUNTIME=${RUNTIME:-10s}
 FILES=${FILES:-10000}
 SCRATCH=${SCRATCH:-/var/tmp/layerfs-bench}
+SCRATCH_FS=${SCRATCH_FS:-ext4}
 LAYERFS=${LAYERFS:-$REPO/target/release/layerfs}
 TARGETS=${TARGETS:-plain overlayfs fuse-overlayfs layerfs}
 REPEAT=${REPEAT:-1}
 COPYUP_SIZE=$((64 * 1024 * 1024))
+SPARSE_SIZE=$((1024 * 1024 * 1024))
 
 # The ready layer whose diff/ holds the read-side data (L4 of the fixture, see fixtures/README.md).
 DATA_LAYER=333f8831e3435930b5699467fad059661a5de8499f959caad268f212db4e8745
@@ -52,6 +56,7 @@ done
 [[ "$FILES" =~ ^[0-9]+$ && "$FILES" -gt 0 ]] || die "FILES must be a positive integer, got '$FILES'"
 [[ "$REPEAT" =~ ^[0-9]+$ && "$REPEAT" -gt 0 ]] || die "REPEAT must be a positive integer, got '$REPEAT'"
 [[ "$RUNTIME" =~ ^[0-9]+(ms|s|m)?$ ]] || die "RUNTIME must look like 10s, 30 or 1m, got '$RUNTIME'"
+case "$SCRATCH_FS" in ext4|host) ;; *) die "SCRATCH_FS must be ext4 or host, got '$SCRATCH_FS'" ;; esac
 
 missing=()
 [ "$(id -u)" -eq 0 ] || missing+=("root (run with sudo)")
@@ -62,6 +67,7 @@ if want fuse-overlayfs || want layerfs; then
     command -v fusermount3 >/dev/null || missing+=("fusermount3 (package fuse3)")
 fi
 want fuse-overlayfs && { command -v fuse-overlayfs >/dev/null || missing+=("fuse-overlayfs"); }
+[ "$SCRATCH_FS" = host ] || command -v mkfs.ext4 >/dev/null || missing+=("mkfs.ext4 (package e2fsprogs; or SCRATCH_FS=host)")
 if want overlayfs && ! grep -qw overlay /proc/filesystems; then
     modprobe overlay 2>/dev/null || true
     grep -qw overlay /proc/filesystems || missing+=("kernel overlayfs (modprobe overlay)")
@@ -83,7 +89,8 @@ fi
 case "$SCRATCH" in /|"") die "refusing SCRATCH='$SCRATCH'" ;; esac
 mkdir -p "$SCRATCH"
 SCRATCH=$(cd "$SCRATCH" && pwd -P)
-RUN=$(mktemp -d "$SCRATCH/run.XXXXXX")
+BASE=$(mktemp -d "$SCRATCH/run.XXXXXX")
+RUN=$BASE
 MOUNTS=()        # mountpoints we made and have not unmounted yet
 DAEMON_PIDS=()   # fuse daemons we started (pids), for the last-resort cleanup
 CACHES_DROPPED=1
@@ -114,10 +121,10 @@ cleanup() {
     done
     if [ "$ok" = 1 ]; then
         # --one-file-system: never descend into a mount that is somehow still there
-        rm -rf --one-file-system "$RUN"
+        rm -rf --one-file-system "$BASE"
         rmdir "$SCRATCH" 2>/dev/null
     else
-        log "left $RUN in place because a mount could not be removed"
+        log "left $BASE in place because a mount could not be removed"
     fi
     exit "$rc"
 }
@@ -140,16 +147,35 @@ drop_caches() {
     fi
 }
 
+# ---------------------------------------------------------------- scratch filesystem
+# A fresh journaled ext4 of its own, as a container host's disk would be. Every target then
+# starts from the same state, whatever the host's filesystem is doing: on ext4 without a
+# journal, for one, every create skips the inodes deleted in the last dirty_expire interval
+# (30 s by default), so creates run slower after any mass deletion, another target's or a
+# build's.
+if [ "$SCRATCH_FS" = ext4 ]; then
+    image_bytes=$(( SIZE_BYTES * (3 + ${#TARGET_LIST[@]}) + 3 * 1024 * 1024 * 1024 ))
+    truncate -s "$image_bytes" "$BASE/fs.img"
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$BASE/fs.img" \
+        || die "mkfs.ext4 of the scratch image failed"
+    mkdir "$BASE/fs"
+    MOUNTS+=("$BASE/fs")
+    mount -o loop "$BASE/fs.img" "$BASE/fs" || die "cannot loop-mount the scratch image (or use SCRATCH_FS=host)"
+    RUN="$BASE/fs/run"
+    mkdir "$RUN"
+fi
+
 # ---------------------------------------------------------------- test data
 # remote: a copy of the fixture storage root, with the read-side data inside a ready layer's diff/.
 # It is the lower dir of overlayfs and fuse-overlayfs and the --remote of layerfs (never written by
 # any of them).  plain: a plain copy of the same tree (written in place: it has no lower).
-log "preparing data in $RUN (SIZE=$SIZE, copy-up file 64M)"
+log "preparing data in $RUN (SIZE=$SIZE, copy-up files 64M and 1G sparse)"
 REMOTE="$RUN/remote"
 cp -a "$FIXTURE" "$REMOTE"
 mkdir -p "$REMOTE/$REL"
 python3 "$BENCH_PY" mkdata "$REMOTE/$REL/seqread.bin" "$SIZE_BYTES"
 python3 "$BENCH_PY" mkdata "$REMOTE/$REL/copyup.bin" "$COPYUP_SIZE"
+python3 "$BENCH_PY" mksparse "$REMOTE/$REL/sparse.bin" "$SPARSE_SIZE"
 if want plain; then
     cp -a "$REMOTE" "$RUN/plain"
 fi
@@ -279,6 +305,11 @@ EOF
     counted "$t" copyup_ms copyup
     record "$t" copyup_ms "$ms"
     log "$t copy-up: $ms ms"
+    # the same into a 1 GiB sparse file (16 MiB of data): holes must stay holes
+    copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/sparse.bin") || die "$t: sparse copy-up failed"; }
+    counted "$t" copyup_sparse_ms copyup
+    record "$t" copyup_sparse_ms "$ms"
+    log "$t sparse copy-up: $ms ms"
 
     rm -rf "$wdir"
     unmount_target "$t"
@@ -295,6 +326,7 @@ ELAPSED=$(( $(date +%s) - START ))
 
 # ---------------------------------------------------------------- report
 fs_type=$(stat -f -c %T "$RUN")
+[ "$SCRATCH_FS" = host ] || fs_type="$fs_type (fresh, journaled, in a loop image)"
 cpu_model=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || true)
 mem_gib=$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
 {
