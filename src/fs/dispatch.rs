@@ -1,6 +1,7 @@
 //! The FUSE entry points: each request is served on the FUSE thread that read it, unless it
-//! may wait on the remote, in which case it goes to the remote pool with its reply (see
-//! [`super::remote`]). The `View` says which requests may wait; [`Core`] serves them.
+//! may wait on the remote, in which case it goes to the remote pool with its reply, or is an
+//! `fsync` of a local file, which goes to the sync pool (see [`super::pool`]). The `View`
+//! says which requests may wait on the remote; [`Core`] serves them.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -15,15 +16,20 @@ use fuser::{
 };
 
 use super::notify::Notices;
-use super::remote::{Load, RemotePool};
+use super::pool::{Load, Pool};
 use super::{creator, outcome, time, Core, Timeouts, Who};
 use crate::metrics::{FsTables, Metrics};
 use crate::view::attrs::SetAttr;
 use crate::view::{Layer, View};
 
+/// How many `fsync`s of local files may wait for the disk at once without holding a FUSE
+/// thread.
+const SYNC_THREADS: usize = 8;
+
 pub struct LayerFs {
     core: Arc<Core>,
-    pool: RemotePool,
+    pool: Pool,
+    sync: Pool,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -43,7 +49,8 @@ impl LayerFs {
         }
         Ok(LayerFs {
             core,
-            pool: RemotePool::start(remote_threads, metrics.clone())?,
+            pool: Pool::start("remote", remote_threads, metrics.clone())?,
+            sync: Pool::start("sync", SYNC_THREADS, None)?,
             metrics,
         })
     }
@@ -84,9 +91,14 @@ impl LayerFs {
 
     /// Serves `job` on the remote pool and counts it, from now until it is replied to.
     fn remote(&self, op: &'static str, job: impl FnOnce(&Core) + Send + 'static) {
+        self.on(&self.pool, op, job);
+    }
+
+    /// Serves `job` on `pool` and counts it, from now until it is replied to.
+    fn on(&self, pool: &Pool, op: &'static str, job: impl FnOnce(&Core) + Send + 'static) {
         let start = self.clock();
         let (core, metrics) = (self.core.clone(), self.metrics.clone());
-        self.pool.run(move || {
+        pool.run(move || {
             job(&core);
             Self::served(metrics.as_deref(), op, start);
         });
@@ -336,8 +348,12 @@ impl Filesystem for LayerFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let wait = self.handle_may_wait(fh);
-        serve!(self, "fsync", wait, core => core.fsync(fh, datasync, reply), own {});
+        let pool = if self.handle_may_wait(fh) {
+            &self.pool
+        } else {
+            &self.sync
+        };
+        self.on(pool, "fsync", move |core| core.fsync(fh, datasync, reply));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -376,7 +392,9 @@ impl Filesystem for LayerFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.here("fsyncdir", |core| core.fsyncdir(ino, datasync, reply));
+        self.on(&self.sync, "fsyncdir", move |core| {
+            core.fsyncdir(ino, datasync, reply)
+        });
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {

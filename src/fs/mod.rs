@@ -16,7 +16,7 @@ pub use dispatch::LayerFs;
 pub mod handles;
 pub mod kernel_mount;
 pub mod notify;
-pub mod remote;
+pub mod pool;
 pub mod trim;
 
 use std::ffi::OsStr;

@@ -1,16 +1,21 @@
-//! The remote pool: requests that may wait on the remote run here, not on the FUSE threads.
+//! Worker pools for requests that must not hold a FUSE thread: a FUSE thread blocked in a
+//! call serves nobody else, and the mount has only a few (one per CPU by default, which keeps
+//! a request and its reply on warm CPUs).
 //!
-//! The remote is a network share that can stop answering; every call on it then blocks for
-//! as long as it does. A FUSE thread blocked that way serves nobody else, and a dozen such
-//! requests would take every one of them, so local paths would wait on the remote too. A
-//! request that may need the remote (see `View::name_may_wait` and friends) is therefore
-//! handed, with its reply, to this pool, and the FUSE thread goes back to reading requests.
-//! Its caller waits for the remote as on an NFS hard mount (and can be killed meanwhile);
-//! everybody else does not.
+//! The remote pool: the remote is a network share that can stop answering; every call on it
+//! then blocks for as long as it does, and a dozen such requests would take every FUSE thread,
+//! so local paths would wait on the remote too. A request that may need the remote (see
+//! `View::name_may_wait` and friends) is therefore handed, with its reply, to this pool, and
+//! the FUSE thread goes back to reading requests. Its caller waits for the remote as on an
+//! NFS hard mount (and can be killed meanwhile); everybody else does not.
 //!
-//! The queue is unbounded: the kernel sends at most one request per blocked caller, so its
-//! length is bounded by the callers waiting on the remote. The number of workers bounds how
-//! many calls are outstanding on the remote at once.
+//! The sync pool: `fsync` of a local file waits for the disk, for seconds under heavy
+//! writeback. It gets a pool of its own, not the remote one, so that neither a busy disk nor
+//! a stalled remote holds up the other.
+//!
+//! The queues are unbounded: the kernel sends at most one request per blocked caller, so their
+//! length is bounded by the callers waiting. The number of workers bounds how many calls are
+//! outstanding at once.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -29,7 +34,7 @@ pub struct Load {
     pub running: AtomicI64,
 }
 
-pub struct RemotePool {
+pub struct Pool {
     tx: Sender<Job>,
     load: Arc<Load>,
     metrics: Option<Arc<Metrics>>,
@@ -46,16 +51,20 @@ impl Load {
     }
 }
 
-impl RemotePool {
-    /// Starts `workers` threads. They end when the pool is dropped and the queue is empty.
-    /// `metrics`, if any, hears of every change of the pool's load.
-    pub fn start(workers: usize, metrics: Option<Arc<Metrics>>) -> std::io::Result<RemotePool> {
+impl Pool {
+    /// Starts `workers` threads named `name-N`. They end when the pool is dropped and the
+    /// queue is empty. `metrics`, if any, hears of every change of the pool's load.
+    pub fn start(
+        name: &str,
+        workers: usize,
+        metrics: Option<Arc<Metrics>>,
+    ) -> std::io::Result<Pool> {
         let (tx, rx) = unbounded::<Job>();
         let load = Arc::new(Load::default());
         for n in 0..workers.max(1) {
             let (rx, load, metrics) = (rx.clone(), load.clone(), metrics.clone());
             std::thread::Builder::new()
-                .name(format!("remote-{n}"))
+                .name(format!("{name}-{n}"))
                 .spawn(move || {
                     for job in rx {
                         load.queued.fetch_sub(1, Ordering::Relaxed);
@@ -67,7 +76,7 @@ impl RemotePool {
                     }
                 })?;
         }
-        Ok(RemotePool { tx, load, metrics })
+        Ok(Pool { tx, load, metrics })
     }
 
     /// Runs `job` on a worker.
@@ -78,7 +87,7 @@ impl RemotePool {
             // Only when every worker is gone, which a panic in a job could do: serve on the
             // calling thread rather than drop the request (its reply would say EIO).
             self.load.queued.fetch_sub(1, Ordering::Relaxed);
-            warn!("the remote pool has no workers; serving on a FUSE thread");
+            warn!("a request pool has no workers; serving on a FUSE thread");
             (e.into_inner())();
         }
     }
@@ -95,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_stuck_job_does_not_hold_up_the_others() {
-        let pool = RemotePool::start(2, None).unwrap();
+        let pool = Pool::start("test", 2, None).unwrap();
         let (stuck_tx, stuck_rx) = crossbeam_channel::bounded::<()>(0);
         pool.run(move || {
             let _ = stuck_rx.recv();
