@@ -483,14 +483,25 @@ impl Refresher {
                 } else {
                     self.view.index()
                 };
+                let scanned = clock.elapsed();
                 let diff = Diff::between(&old, &index);
+                drop(old);
+                let diffed = clock.elapsed();
                 self.log_not_ready(&index);
                 self.view.swap_index(index);
+                let swapped = clock.elapsed();
                 self.hidden = false;
                 self.invalidate(&diff);
                 if let Some(w) = &mut self.watcher {
                     w.update(&self.view.index());
                 }
+                debug!(
+                    scan_ms = ms(scanned),
+                    diff_ms = ms(diffed - scanned),
+                    swap_ms = ms(swapped - diffed),
+                    invalidate_ms = ms(clock.elapsed() - swapped),
+                    "refresh round phases"
+                );
                 (diff, None)
             }
             Err(error) => {
@@ -731,6 +742,11 @@ impl Refresher {
         }
         self.reasons = now;
     }
+}
+
+/// A duration in milliseconds, for logs.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 /// An index of nothing at all: no object, ready or not.
