@@ -7,6 +7,8 @@
 # Rounds are triggered with SIGUSR1, which runs one and logs its duration.
 #
 # Usage: benches/scale.sh [CHAINS [DEPTH]]   (as root; needs /dev/fuse and python3)
+# With RUST_LOG=info,layerfs::refresh=debug,layerfs::layout=debug the change round's phases
+# (scan per area, readiness, diff, swap, invalidation) are printed too.
 set -eu
 
 CHAINS=${1:-1000}
@@ -36,7 +38,7 @@ sleep 3
 
 LOG=$WORK/layerfs.log
 start=$(now_ms)
-RUST_LOG=info "$BIN" mount --remote "$WORK/remote" --local "$WORK/local" \
+RUST_LOG=${RUST_LOG:-info} "$BIN" mount --remote "$WORK/remote" --local "$WORK/local" \
     -o refresh=0,allow_other -f "$WORK/mnt" 2>"$LOG" &
 PID=$!
 while ! mountpoint -q "$WORK/mnt"; do
@@ -78,3 +80,7 @@ printf '%-44s %10s ms %14s\n' "round: +110 / -110 objects" "$changes" "< 100 ms"
 printf '%-44s %10s ms %14s\n' "next round (fresh stamps re-checked)" "$after" "-"
 printf '%-44s %10s MiB %13s\n' "daemon RSS" "$((rss_kib / 1024))" "< 100 MiB"
 printf '\nchange round: %s\n' "$changes_line"
+# The last round that judged anything is the change round (the next one finds nothing new).
+phases=$(grep -E "area scanned|remote scanned and judged|refresh round phases" "$LOG" |
+    grep -B 4 "refresh round phases" | tail -n 5 | sed 's/.*layerfs::[a-z:]*: //')
+[ -z "$phases" ] || printf '%s\n' "$phases"

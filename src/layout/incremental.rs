@@ -45,23 +45,33 @@
 //!
 //! A scan that finds nothing new (no object added, gone, or probed with a different
 //! outcome) says so ([`ScanStats::dirty`] false), and the caller skips the readiness rules,
-//! the diff and the swap. Otherwise the cross-object rules (chains, image to top layer) run
-//! over the cached facts, borrowed rather than copied.
+//! the diff and the swap. Otherwise the scan notes which objects changed, and the
+//! cross-object rules (chains, image to top layer) judge again only those and what depends
+//! on them, over the cached facts (see `rejudge`).
+//!
+//! The two layer areas are as large as each other and independent: while one is scanned,
+//! the other is, on a second thread (or one after the other if no thread can be started).
+//! After a pull or a removal both are listed again and every object in them looked at, so
+//! this halves the wall time of those scans on a machine with two cores or more.
 //!
 //! A scan fails as a whole, instead of yielding an empty index, when the remote root cannot
 //! be opened or an area fails with an error that says the remote itself is in trouble
 //! (`EIO`, `ENOTCONN`, `ESTALE`, a network error): the caller keeps what it had.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::stat::{FileStat, SFlag};
+use parking_lot::Mutex;
 
 use super::fingerprint::{Fingerprint, Part, Stamp};
 use super::isulad;
 use super::nofollow::{self, DirHandle, EntryError};
-use super::readiness::{self, AreaRef, FactsRef};
+#[cfg(test)]
+use super::readiness;
+use super::readiness::{AreaRef, FactsRef};
+use super::rejudge::{AreaFacts, Changes, Judged, Sources};
 use super::scan::{self, Probe, Probed};
 use super::{is_driver_name, LayoutIndex};
 
@@ -157,6 +167,10 @@ pub struct Scanner {
     layers: AreaCache<scan::LayerFacts>,
     images: AreaCache<scan::ImageFacts>,
     stats: ScanStats,
+    /// What changed in the caches since the verdicts were last brought up to date.
+    changes: Changes,
+    /// The verdicts as of the last index.
+    judged: Judged,
 }
 
 impl Scanner {
@@ -171,6 +185,8 @@ impl Scanner {
             layers: AreaCache::default(),
             images: AreaCache::default(),
             stats: ScanStats::default(),
+            changes: Changes::default(),
+            judged: Judged::default(),
         }
     }
 
@@ -179,10 +195,6 @@ impl Scanner {
         self.stats
     }
 
-    /// Like [`scan`](Self::scan), but `Ok(None)` when nothing differs from the previous
-    /// scan, so the caller keeps the index it has and skips the readiness rules, the diff
-    /// and the swap: what makes an idle round cost little more than the `lstat`s above.
-    /// `force` asks for an index regardless (the caller no longer has the last one).
     /// The remote root this scanner reads.
     pub fn root(&self) -> &Path {
         &self.root
@@ -193,13 +205,28 @@ impl Scanner {
         &self.driver
     }
 
+    /// Like [`scan`](Self::scan), but `Ok(None)` when nothing differs from the previous
+    /// scan, so the caller keeps the index it has and skips the readiness rules, the diff
+    /// and the swap: what makes an idle round cost little more than the `lstat`s above.
+    /// `force` asks for an index regardless (the caller no longer has the last one), with
+    /// every object judged afresh.
     pub fn scan_if_changed(&mut self, force: bool) -> Result<Option<LayoutIndex>, ScanFailure> {
         let first = self.scans == 0;
+        let clock = Instant::now();
         let valid = self.refresh()?;
-        if !force && !first && !self.stats.dirty {
+        let scanned = clock.elapsed();
+        if !force && !first && !self.stats.dirty && self.changes.is_empty() {
+            tracing::debug!(scan_ms = ms(scanned), "remote scanned: nothing changed");
             return Ok(None);
         }
-        Ok(Some(self.index(valid)))
+        self.changes.all |= force;
+        let index = self.index(valid);
+        tracing::debug!(
+            scan_ms = ms(scanned),
+            readiness_ms = ms(clock.elapsed() - scanned),
+            "remote scanned and judged"
+        );
+        Ok(Some(index))
     }
 
     /// Scans the shared areas, reusing what has not changed since the previous scan.
@@ -208,11 +235,49 @@ impl Scanner {
         Ok(self.index(valid))
     }
 
-    /// The index of what the caches hold now.
-    fn index(&self, valid_driver: bool) -> LayoutIndex {
+    /// The index of what the caches hold now: the objects that changed since the last one
+    /// are judged again (see `rejudge`).
+    fn index(&mut self, valid_driver: bool) -> LayoutIndex {
         if !valid_driver {
             return LayoutIndex::invalid_driver(&self.driver);
         }
+        let (overlay_dir, layers_dir, images_dir) = self.area_dirs();
+        let overlay_path = format!("{overlay_dir}/RO");
+        let layers_path = format!("{layers_dir}/RO");
+        let overlay = AreaView {
+            path: &overlay_path,
+            cache: &self.overlay,
+        };
+        let layers = AreaView {
+            path: &layers_path,
+            cache: &self.layers,
+        };
+        let images = AreaView {
+            path: &images_dir,
+            cache: &self.images,
+        };
+        let sources = Sources {
+            overlay: &overlay,
+            layers: &layers,
+            images: &images,
+        };
+        let changes = std::mem::take(&mut self.changes);
+        if changes.all || !self.judged.can_update(&self.driver) {
+            let facts = FactsRef {
+                overlay: area_facts(&overlay_path, &self.overlay),
+                layers: area_facts(&layers_path, &self.layers),
+                images: area_facts(&images_dir, &self.images),
+            };
+            self.judged.rebuild(facts, &sources, &self.driver)
+        } else {
+            self.judged.update(&sources, changes)
+        }
+    }
+
+    /// The index a scan from scratch would give for what the caches hold now: every rule
+    /// applied to every object, none of the kept verdicts used.
+    #[cfg(test)]
+    pub(crate) fn resolve_from_scratch(&self) -> LayoutIndex {
         let (overlay_dir, layers_dir, images_dir) = self.area_dirs();
         let paths = [
             format!("{overlay_dir}/RO"),
@@ -251,36 +316,77 @@ impl Scanner {
             every: self.full_check_every.max(1),
             margin: self.racy_margin,
         };
-        let stats = &mut self.stats;
-        refresh_area(
-            &root,
-            &[&overlay_dir, "RO"],
-            &mut self.overlay,
-            scan::probe_overlay,
-            AreaPolicy::StatInRotation,
-            slice,
-            stats,
-        )?;
-        refresh_area(
-            &root,
-            &[&layers_dir, "RO"],
-            &mut self.layers,
-            scan::probe_layer,
-            AreaPolicy::StatInRotation,
-            slice,
-            stats,
-        )?;
-        refresh_area(
-            &root,
-            &[&images_dir],
-            &mut self.images,
-            scan::probe_image,
-            AreaPolicy::StatEveryObject,
-            slice,
-            stats,
-        )?;
+        let mut tallies: [Tally; 3] = Default::default();
+        let [overlay_tally, layers_tally, images_tally] = &mut tallies;
+        // The two layer areas are as large as each other and independent: the overlay area
+        // is scanned on a second thread meanwhile, or here if no thread can be started.
+        let overlay_job = Mutex::new(Some((&mut self.overlay, overlay_tally)));
+        let scan_overlay = || {
+            let (cache, tally) = overlay_job.lock().take()?;
+            Some(refresh_area(
+                &root,
+                &[&overlay_dir, "RO"],
+                cache,
+                scan::probe_overlay,
+                AreaPolicy::StatInRotation,
+                slice,
+                tally,
+            ))
+        };
+        let results = std::thread::scope(|scope| {
+            let overlay = std::thread::Builder::new()
+                .name("refresh-scan-2".into())
+                .spawn_scoped(scope, scan_overlay);
+            let layers = refresh_area(
+                &root,
+                &[&layers_dir, "RO"],
+                &mut self.layers,
+                scan::probe_layer,
+                AreaPolicy::StatInRotation,
+                slice,
+                layers_tally,
+            );
+            let images = refresh_area(
+                &root,
+                &[&images_dir],
+                &mut self.images,
+                scan::probe_image,
+                AreaPolicy::StatEveryObject,
+                slice,
+                images_tally,
+            );
+            let overlay = match overlay {
+                Ok(thread) => thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => scan_overlay(),
+            };
+            [overlay.unwrap_or(Ok(())), layers, images]
+        });
+        // What the areas noted stands even if one of them failed: their caches moved on.
+        for (area, tally) in tallies.into_iter().enumerate() {
+            self.stats.listed += tally.stats.listed;
+            self.stats.probed += tally.stats.probed;
+            self.stats.reused += tally.stats.reused;
+            self.stats.dirty |= tally.stats.dirty;
+            self.changes.all |= tally.all;
+            let ids = if area == 2 {
+                &mut self.changes.images
+            } else {
+                &mut self.changes.layers
+            };
+            ids.extend(tally.ids);
+        }
+        for result in results {
+            result?;
+        }
         Ok(true)
     }
+}
+
+/// A duration in milliseconds, for logs.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 /// Which objects get a full stamp check in this scan.
@@ -369,12 +475,51 @@ fn refresh_area<T: HasFingerprint>(
     probe: Probe<T>,
     policy: AreaPolicy,
     slice: Slice,
-    stats: &mut ScanStats,
+    tally: &mut Tally,
 ) -> Result<(), ScanFailure> {
-    let problem = refresh_objects(root, components, cache, probe, policy, slice, stats)?;
-    stats.dirty |= problem.is_some();
+    let clock = Instant::now();
+    let (listed, probed) = (tally.stats.listed, tally.stats.probed);
+    let problem = refresh_objects(root, components, cache, probe, policy, slice, tally)?;
+    tracing::debug!(
+        area = %components.join("/"),
+        listed = tally.stats.listed > listed,
+        probed = tally.stats.probed - probed,
+        ms = ms(clock.elapsed()),
+        "area scanned"
+    );
+    // An area that cannot be read is in the not-ready list, by its path: every object is
+    // judged again while it is, and once more when it is readable again.
+    if problem.is_some() || cache.problem.is_some() {
+        tally.everything();
+    }
     cache.problem = problem;
     Ok(())
+}
+
+/// What one area's refresh read, and what it changed.
+#[derive(Debug, Default)]
+struct Tally {
+    stats: ScanStats,
+    /// Ids of the objects whose facts were added, removed or replaced.
+    ids: BTreeSet<String>,
+    /// Set when the area changed as a whole.
+    all: bool,
+}
+
+impl Tally {
+    /// The facts of object `id` were added, removed or replaced.
+    fn changed(&mut self, id: &str) {
+        self.stats.dirty = true;
+        if !self.ids.contains(id) {
+            self.ids.insert(id.to_owned());
+        }
+    }
+
+    /// The area was dropped, or could not be read.
+    fn everything(&mut self) {
+        self.stats.dirty = true;
+        self.all = true;
+    }
 }
 
 /// [`refresh_area`] but for the area's own problem, which it returns.
@@ -385,24 +530,27 @@ fn refresh_objects<T: HasFingerprint>(
     probe: Probe<T>,
     policy: AreaPolicy,
     slice: Slice,
-    stats: &mut ScanStats,
+    tally: &mut Tally,
 ) -> Result<Option<String>, ScanFailure> {
     let path = components.join("/");
     // Entries that could not even be looked at are re-tried every scan, so they are not
     // kept from one scan to the next.
-    stats.dirty |= !cache.errors.is_empty();
-    cache.errors.clear();
+    for name in std::mem::take(&mut cache.errors).into_keys() {
+        tally.changed(&name);
+    }
     let dir = match walk(root, components) {
         Ok(Some(dir)) => dir,
         Ok(None) => {
-            stats.dirty |= cache.stamp.is_some();
+            if cache.stamp.is_some() {
+                tally.everything();
+            }
             *cache = AreaCache::default();
             return Ok(None);
         }
         Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
         Err(e) => {
             *cache = AreaCache::default();
-            stats.dirty = true;
+            tally.everything();
             return Ok(Some(format!("{path}: {e}")));
         }
     };
@@ -412,7 +560,7 @@ fn refresh_objects<T: HasFingerprint>(
         Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
         Err(e) => {
             *cache = AreaCache::default();
-            stats.dirty = true;
+            tally.everything();
             return Ok(Some(format!("cannot list: {e}")));
         }
     };
@@ -425,11 +573,11 @@ fn refresh_objects<T: HasFingerprint>(
             Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
             Err(e) => {
                 *cache = AreaCache::default();
-                stats.dirty = true;
+                tally.everything();
                 return Ok(Some(format!("cannot list: {e}")));
             }
         };
-        stats.listed += 1;
+        tally.stats.listed += 1;
         cache.stamp = Some((dir_stamp, now));
         // Both sorted: the entries that stay keep what was seen of them, and objects that
         // left the listing leave the cache.
@@ -440,8 +588,8 @@ fn refresh_objects<T: HasFingerprint>(
             while let Some(entry) = old.next_if(|e| *e.name <= *name) {
                 if *entry.name == *name {
                     seen = entry.seen;
-                } else {
-                    stats.dirty |= entry.seen.is_some();
+                } else if entry.seen.is_some() {
+                    tally.changed(&entry.name);
                 }
             }
             entries.push(Entry {
@@ -450,7 +598,9 @@ fn refresh_objects<T: HasFingerprint>(
                 seen,
             });
         }
-        stats.dirty |= old.any(|e| e.seen.is_some());
+        for entry in old.filter(|e| e.seen.is_some()) {
+            tally.changed(&entry.name);
+        }
         cache.entries = entries;
     }
     // A listing that moved may hide an object deleted and created again under the same
@@ -465,19 +615,21 @@ fn refresh_objects<T: HasFingerprint>(
                 seen.probed.is_ok() && settled(&seen.stamp, seen.read_at, slice.margin)
             });
             if trusted {
-                stats.reused += 1;
+                tally.stats.reused += 1;
                 continue;
             }
         }
         let st = match dir.lstat(name) {
             Ok(st) => st,
             Err(EntryError::Missing) => {
-                stats.dirty |= entry.seen.take().is_some();
+                if entry.seen.take().is_some() {
+                    tally.changed(name);
+                }
                 continue;
             }
             Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
             Err(e) => {
-                stats.dirty = true;
+                tally.changed(name);
                 entry.seen = None;
                 cache
                     .errors
@@ -488,7 +640,9 @@ fn refresh_objects<T: HasFingerprint>(
         let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
         if kind != SFlag::S_IFDIR && kind != SFlag::S_IFLNK {
             // Garbage named like an id: never an object (as a full scan skips it).
-            stats.dirty |= entry.seen.take().is_some();
+            if entry.seen.take().is_some() {
+                tally.changed(name);
+            }
             continue;
         }
         let stamp = stamp_of(&st);
@@ -499,15 +653,17 @@ fn refresh_objects<T: HasFingerprint>(
                 && (!due || files_unchanged(&dir, name, seen))
         });
         if reusable {
-            stats.reused += 1;
+            tally.stats.reused += 1;
             continue;
         }
-        stats.probed += 1;
+        tally.stats.probed += 1;
         let prev = entry.seen.as_ref().and_then(|s| s.probed.as_ref().ok());
         let probed = match dir.subdir(name) {
             Ok(object) => probe(&object, name, prev.map(|f| f.fingerprint())),
             Err(EntryError::Missing) => {
-                stats.dirty |= entry.seen.take().is_some();
+                if entry.seen.take().is_some() {
+                    tally.changed(name);
+                }
                 continue;
             }
             Err(e) if is_remote_failure(&e) => {
@@ -523,7 +679,9 @@ fn refresh_objects<T: HasFingerprint>(
             (Some(Ok(old)), Ok(new)) => old.fingerprint() == new.fingerprint(),
             _ => false,
         };
-        stats.dirty |= !same_outcome;
+        if !same_outcome {
+            tally.changed(name);
+        }
         entry.seen = Some(Seen {
             stamp,
             read_at: now,
@@ -531,6 +689,44 @@ fn refresh_objects<T: HasFingerprint>(
         });
     }
     Ok(None)
+}
+
+/// One area's cache, as the readiness rules look objects up in it.
+struct AreaView<'a, T> {
+    path: &'a str,
+    cache: &'a AreaCache<T>,
+}
+
+impl<T> AreaFacts<T> for AreaView<'_, T> {
+    fn path(&self) -> &str {
+        self.path
+    }
+
+    fn problem(&self) -> Option<&str> {
+        self.cache.problem.as_deref()
+    }
+
+    fn get(&self, id: &str) -> Option<(&str, Result<&T, &str>)> {
+        // An entry that could not be looked at counts as its error.
+        if let Some((name, error)) = self.cache.errors.get_key_value(id) {
+            return Some((name, Err(error)));
+        }
+        let at = self
+            .cache
+            .entries
+            .binary_search_by(|e| (*e.name).cmp(id))
+            .ok()?;
+        let entry = &self.cache.entries[at];
+        let probed = entry.seen.as_ref()?.probed.as_ref();
+        Some((&entry.name, probed.map_err(String::as_str)))
+    }
+
+    fn ids(&self) -> Vec<&str> {
+        let entries = self.cache.entries.iter().filter(|e| e.seen.is_some());
+        let mut ids: Vec<&str> = entries.map(|e| &*e.name).collect();
+        ids.extend(self.cache.errors.keys().map(String::as_str));
+        ids
+    }
 }
 
 /// The facts of one area for the readiness rules, borrowed from its cache.

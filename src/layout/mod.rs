@@ -41,6 +41,7 @@ mod incremental;
 mod isulad;
 mod nofollow;
 mod readiness;
+mod rejudge;
 mod scan;
 
 #[cfg(test)]
@@ -48,6 +49,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use fingerprint::{Fingerprint, Part, Stamp};
@@ -111,13 +113,17 @@ struct Ready<T> {
 ///
 /// Iteration is in id order, so two scans of an unchanged tree list the same objects in the
 /// same order.
+///
+/// Objects are shared between indexes: a scanner derives each new index from the last one,
+/// replacing only what changed, so a clone costs a reference count per object and two
+/// indexes of one scanner hold the very same object where it did not change.
 #[derive(Debug, Default, Clone)]
 pub struct LayoutIndex {
     driver: String,
-    layers: BTreeMap<String, Ready<Layer>>,
-    by_short: BTreeMap<String, String>,
-    images: BTreeMap<String, Ready<Image>>,
-    not_ready: Vec<NotReady>,
+    layers: BTreeMap<Arc<str>, Arc<Ready<Layer>>>,
+    by_short: BTreeMap<Arc<str>, Arc<str>>,
+    images: BTreeMap<Arc<str>, Arc<Ready<Image>>>,
+    not_ready: Arc<Vec<NotReady>>,
 }
 
 impl LayoutIndex {
@@ -134,7 +140,7 @@ impl LayoutIndex {
         } else {
             LayoutIndex::invalid_driver(driver)
         };
-        for nr in &index.not_ready {
+        for nr in index.not_ready.iter() {
             tracing::info!(kind = ?nr.kind, name = %nr.name, reason = %nr.reason, "remote object not ready");
         }
         index
@@ -145,11 +151,11 @@ impl LayoutIndex {
     fn invalid_driver(driver: &str) -> LayoutIndex {
         LayoutIndex {
             driver: driver.to_owned(),
-            not_ready: vec![NotReady {
+            not_ready: Arc::new(vec![NotReady {
                 kind: ObjectKind::Layer,
                 name: driver.escape_debug().to_string(),
                 reason: "invalid graph driver name".to_owned(),
-            }],
+            }]),
             ..LayoutIndex::default()
         }
     }

@@ -6,6 +6,7 @@
 //! hostile chain costs linear time and no stack, and a cycle is detected rather than followed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use super::scan::{Area, Facts, ImageFacts, LayerFacts, OverlayFacts, Probed};
 use super::{Image, Layer, LayoutIndex, NotReady, ObjectKind, Ready, MAX_LOWER_DEPTH};
@@ -58,14 +59,14 @@ type Lookup<'a, 'b> = HashMap<&'a str, &'b Probed<Candidate<'a>>>;
 
 /// A layer whose own directories are fine; whether its chain is remains to be seen.
 #[derive(Clone, Copy)]
-struct Candidate<'a> {
-    overlay: &'a OverlayFacts,
-    meta: &'a LayerFacts,
+pub(crate) struct Candidate<'a> {
+    pub overlay: &'a OverlayFacts,
+    pub meta: &'a LayerFacts,
 }
 
 /// The outcome for one layer.
-#[derive(Debug, Clone)]
-enum Verdict {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
     /// `depth` counts ancestors, which is also the number of `lower` entries.
     Ready { depth: usize },
     NotReady {
@@ -112,7 +113,7 @@ impl Verdict {
         })
     }
 
-    fn reason(&self) -> Option<&str> {
+    pub fn reason(&self) -> Option<&str> {
         match self {
             Verdict::Ready { .. } => None,
             Verdict::NotReady { reason, .. } => Some(reason),
@@ -122,14 +123,44 @@ impl Verdict {
 
 /// Turns the scanned facts into the index of ready objects.
 pub(crate) fn resolve(facts: FactsRef<'_>, driver: &str) -> LayoutIndex {
+    resolve_keeping(facts, driver).0
+}
+
+/// A layer in either area as [`resolve_keeping`] decided it: what a caller that keeps
+/// verdicts from one scan to the next needs to know of it.
+pub(crate) struct Decided<'a> {
+    pub id: &'a str,
+    /// The parent its joined candidate names, and the short id it claims (before the check
+    /// for shared short ids); `None` when its two directories do not make a candidate.
+    pub parent: Option<&'a str>,
+    pub short: Option<&'a str>,
+    pub verdict: Verdict,
+}
+
+/// [`resolve`], also returning what it decided of every layer, in id order.
+pub(crate) fn resolve_keeping<'a>(
+    facts: FactsRef<'a>,
+    driver: &str,
+) -> (LayoutIndex, Vec<Decided<'a>>) {
     let mut not_ready = Vec::new();
     area_problem(&facts.overlay, ObjectKind::Layer, &mut not_ready);
     area_problem(&facts.layers, ObjectKind::Layer, &mut not_ready);
     area_problem(&facts.images, ObjectKind::Image, &mut not_ready);
 
     let candidates = join_layer_areas(&facts.overlay, &facts.layers);
+    let links: Vec<_> = candidates
+        .iter()
+        .map(|(id, candidate)| match candidate {
+            Ok(c) => (
+                *id,
+                c.meta.parent.as_deref(),
+                Some(c.overlay.short.as_str()),
+            ),
+            Err(_) => (*id, None, None),
+        })
+        .collect();
     let candidates = reject_shared_shorts(candidates);
-    let verdicts = judge_chains(&candidates);
+    let mut verdicts = judge_chains(&candidates);
 
     let mut index = LayoutIndex {
         driver: driver.to_owned(),
@@ -138,8 +169,20 @@ pub(crate) fn resolve(facts: FactsRef<'_>, driver: &str) -> LayoutIndex {
     add_layers(&mut index, candidates, &verdicts, &mut not_ready);
     add_images(&mut index, facts.images, &verdicts, &mut not_ready);
     not_ready.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
-    index.not_ready = not_ready;
-    index
+    index.not_ready = Arc::new(not_ready);
+    let decided = links
+        .into_iter()
+        .map(|(id, parent, short)| Decided {
+            id,
+            parent,
+            short,
+            // Every candidate has a verdict.
+            verdict: verdicts.remove(id).unwrap_or_else(|| {
+                Verdict::own_failure(id, "internal inconsistency in the chain walk".to_owned())
+            }),
+        })
+        .collect();
+    (index, decided)
 }
 
 fn add_layers(
@@ -152,7 +195,9 @@ fn add_layers(
     let mut ready = Vec::with_capacity(candidates.len());
     for (id, candidate) in candidates {
         match (verdicts.get(id), candidate) {
-            (Some(Verdict::Ready { .. }), Ok(c)) => ready.push((id.to_owned(), ready_layer(id, c))),
+            (Some(Verdict::Ready { .. }), Ok(c)) => {
+                ready.push((Arc::<str>::from(id), ready_layer(id, c)))
+            }
             (verdict, _) => not_ready.push(NotReady {
                 kind: ObjectKind::Layer,
                 // Every candidate has a verdict, and a failed one is never `Ready`.
@@ -166,12 +211,12 @@ fn add_layers(
     }
     index.by_short = ready
         .iter()
-        .map(|(id, r)| (r.value.short.clone(), id.clone()))
+        .map(|(id, r)| (Arc::from(r.value.short.as_str()), id.clone()))
         .collect();
-    index.layers = ready.into_iter().collect();
+    index.layers = ready.into_iter().map(|(id, r)| (id, Arc::new(r))).collect();
 }
 
-fn ready_layer(id: &str, c: Candidate<'_>) -> Ready<Layer> {
+pub(crate) fn ready_layer(id: &str, c: Candidate<'_>) -> Ready<Layer> {
     let mut fingerprint = c.overlay.fingerprint.clone();
     fingerprint.extend(c.meta.fingerprint.clone());
     let value = Layer {
@@ -190,9 +235,10 @@ fn add_images(
     not_ready: &mut Vec<NotReady>,
 ) {
     for (id, probed) in images.objects {
-        match judge_image(id, probed, verdicts) {
+        let top = probed.ok().and_then(|f| verdicts.get(f.top_layer.as_str()));
+        match judge_image(id, probed, top) {
             Ok(ready) => {
-                index.images.insert(id.to_owned(), ready);
+                index.images.insert(Arc::from(id), Arc::new(ready));
             }
             Err(reason) => not_ready.push(NotReady {
                 kind: ObjectKind::Image,
@@ -231,26 +277,44 @@ fn join_layer_areas<'a>(
             (None, Some((b, _))) => b,
             (Some((a, _)), Some((b, _))) => (**a).min(**b),
         };
-        let overlay_facts = overlay_objects
-            .next_if(|(k, _)| **k == id)
-            .map(|(_, v)| *v)
-            .ok_or_else(|| format!("{}/{id}: missing", overlay.path));
-        let meta = meta_objects
-            .next_if(|(k, _)| **k == id)
-            .map(|(_, v)| *v)
-            .ok_or_else(|| format!("{}/{id}: missing", layers.path));
-        let candidate = match (overlay_facts, meta) {
-            (Ok(Ok(overlay)), Ok(Ok(meta))) => agree(overlay, meta),
-            (Ok(Err(a)), Ok(Err(b))) => Err(format!("{a}; {b}")),
-            (Err(a), Ok(Err(b))) => Err(format!("{a}; {b}")),
-            (Ok(Err(a)), Err(b)) => Err(format!("{a}; {b}")),
-            (Err(a), Err(b)) => Err(format!("{a}; {b}")),
-            (Ok(Err(e)), Ok(Ok(_))) | (Ok(Ok(_)), Ok(Err(e))) => Err(e.to_owned()),
-            (Err(e), Ok(Ok(_))) | (Ok(Ok(_)), Err(e)) => Err(e),
+        let overlay_facts = overlay_objects.next_if(|(k, _)| **k == id).map(|(_, v)| *v);
+        let meta = meta_objects.next_if(|(k, _)| **k == id).map(|(_, v)| *v);
+        let sides = Sides {
+            overlay_path: overlay.path,
+            layers_path: layers.path,
+            overlay: overlay_facts,
+            meta,
         };
-        joined.push((id, candidate));
+        joined.push((id, join(id, sides)));
     }
     joined.into_iter().collect()
+}
+
+/// What the two layer areas hold for one id: `None` where the area has no such object.
+pub(crate) struct Sides<'a, 'p> {
+    pub overlay_path: &'p str,
+    pub layers_path: &'p str,
+    pub overlay: Option<Result<&'a OverlayFacts, &'a str>>,
+    pub meta: Option<Result<&'a LayerFacts, &'a str>>,
+}
+
+/// Joins one layer's two directories into a candidate, or the reason it cannot be one.
+pub(crate) fn join<'a>(id: &str, sides: Sides<'a, '_>) -> Probed<Candidate<'a>> {
+    let overlay = sides
+        .overlay
+        .ok_or_else(|| format!("{}/{id}: missing", sides.overlay_path));
+    let meta = sides
+        .meta
+        .ok_or_else(|| format!("{}/{id}: missing", sides.layers_path));
+    match (overlay, meta) {
+        (Ok(Ok(overlay)), Ok(Ok(meta))) => agree(overlay, meta),
+        (Ok(Err(a)), Ok(Err(b))) => Err(format!("{a}; {b}")),
+        (Err(a), Ok(Err(b))) => Err(format!("{a}; {b}")),
+        (Ok(Err(a)), Err(b)) => Err(format!("{a}; {b}")),
+        (Err(a), Err(b)) => Err(format!("{a}; {b}")),
+        (Ok(Err(e)), Ok(Ok(_))) | (Ok(Ok(_)), Ok(Err(e))) => Err(e.to_owned()),
+        (Err(e), Ok(Ok(_))) | (Ok(Ok(_)), Err(e)) => Err(e),
+    }
 }
 
 /// The overlay dir must stack a lower chain exactly when the metadata names a parent.
@@ -278,69 +342,112 @@ fn reject_shared_shorts<'a>(
         .into_iter()
         .map(|(id, candidate)| {
             let candidate = candidate.and_then(|c| {
-                let others: Vec<&str> = owners
-                    .get(c.overlay.short.as_str())
-                    .into_iter()
-                    .flatten()
-                    .filter(|other| **other != id)
-                    .copied()
-                    .collect();
-                if others.is_empty() {
-                    Ok(c)
-                } else {
-                    Err(format!(
-                        "link: short id {} also used by {}",
-                        c.overlay.short,
-                        others.join(", ")
-                    ))
-                }
+                let owners = owners.get(c.overlay.short.as_str()).into_iter().flatten();
+                shared_short(id, c, owners.copied())
             });
             (id, candidate)
         })
         .collect()
 }
 
+/// The candidate `id`, unless another layer also claims its short id. `owners` are all the
+/// joined candidates claiming it (`id` among them), in id order.
+pub(crate) fn shared_short<'a, 'o>(
+    id: &str,
+    candidate: Candidate<'a>,
+    owners: impl Iterator<Item = &'o str>,
+) -> Probed<Candidate<'a>> {
+    let others: Vec<&str> = owners.filter(|other| *other != id).collect();
+    if others.is_empty() {
+        Ok(candidate)
+    } else {
+        Err(format!(
+            "link: short id {} also used by {}",
+            candidate.overlay.short,
+            others.join(", ")
+        ))
+    }
+}
+
 /// Decides every layer, walking each chain upwards only as far as the first layer already
 /// decided.
 fn judge_chains<'a>(candidates: &BTreeMap<&'a str, Probed<Candidate<'a>>>) -> Verdicts<'a> {
-    let lookup: Lookup<'a, '_> = candidates.iter().map(|(id, c)| (*id, c)).collect();
-    let mut verdicts = Verdicts::with_capacity(candidates.len());
+    let mut chains = AllChains {
+        candidates: candidates.iter().map(|(id, c)| (*id, c)).collect(),
+        verdicts: Verdicts::with_capacity(candidates.len()),
+    };
     for &id in candidates.keys() {
-        if !verdicts.contains_key(id) {
-            judge_chain(id, &lookup, &mut verdicts);
+        if chains.verdict(id).is_none() {
+            judge_chain(id, &mut chains);
         }
     }
-    verdicts
+    chains.verdicts
+}
+
+/// Every layer's candidate at hand, and the verdicts decided so far.
+struct AllChains<'a, 'b> {
+    candidates: Lookup<'a, 'b>,
+    verdicts: Verdicts<'a>,
+}
+
+impl<'a> Chains<'a> for AllChains<'a, '_> {
+    fn candidate(&self, id: &str) -> Option<Probed<Candidate<'a>>> {
+        self.candidates.get(id).map(|c| (*c).clone())
+    }
+
+    fn verdict(&self, id: &str) -> Option<&Verdict> {
+        self.verdicts.get(id)
+    }
+
+    fn decide(&mut self, id: &'a str, verdict: Verdict) {
+        self.verdicts.insert(id, verdict);
+    }
+}
+
+/// What a chain walk needs: each layer's candidate (after the shared-short check) and a
+/// place for verdicts. A layer with a verdict is not walked through again.
+pub(crate) trait Chains<'a> {
+    /// The candidate `id`, or `None` for a layer present in neither area.
+    fn candidate(&self, id: &str) -> Option<Probed<Candidate<'a>>>;
+    fn verdict(&self, id: &str) -> Option<&Verdict>;
+    fn decide(&mut self, id: &'a str, verdict: Verdict);
 }
 
 /// Walks from `start` towards its base until reaching a layer that is decided or decidable on
 /// its own (missing, failing its own checks, a base layer, or closing a cycle); then decides
 /// the walked path from that end back down to `start`.
-fn judge_chain<'a>(start: &'a str, candidates: &Lookup<'a, '_>, verdicts: &mut Verdicts<'a>) {
+///
+/// Every verdict depends only on the layer and its ancestors, never on where a walk
+/// started: a layer on a cycle names the cycle's smallest id, whichever member a walk
+/// entered it by. So a verdict stays valid as long as nothing in its chain changes, which is
+/// what lets a later scan re-judge only the layers below a change.
+pub(crate) fn judge_chain<'a>(start: &'a str, chains: &mut impl Chains<'a>) {
     // Undecided layers, each the child of the next; the last one's parent is `current`.
     let mut path: Vec<&'a str> = Vec::new();
     let mut on_path: HashSet<&'a str> = HashSet::new();
     let mut current: &'a str = start;
     let end = loop {
-        if let Some(verdict) = verdicts.get(current) {
+        if let Some(verdict) = chains.verdict(current) {
             break verdict.clone();
         }
-        let Some(candidate) = candidates.get(current) else {
+        let Some(candidate) = chains.candidate(current) else {
             break Verdict::missing(current);
         };
         if on_path.contains(current) {
             let at = path.iter().position(|id| *id == current).unwrap_or(0);
-            for id in path.drain(at..) {
-                let reason = format!("parent chain loops back to {current}");
-                verdicts.insert(id, Verdict::own_failure(id, reason));
+            let cycle = path.split_off(at);
+            let smallest = cycle.iter().copied().min().unwrap_or(current);
+            for &id in &cycle {
+                let reason = format!("parent chain loops back to {smallest}");
+                chains.decide(id, Verdict::own_failure(id, reason));
             }
-            break verdicts
-                .get(current)
+            break chains
+                .verdict(current)
                 .cloned()
                 .unwrap_or_else(|| Verdict::missing(current));
         }
         let verdict = match candidate {
-            Err(reason) => Verdict::own_failure(current, reason.clone()),
+            Err(reason) => Verdict::own_failure(current, reason),
             Ok(c) => match c.meta.parent.as_deref() {
                 // `agree` made sure a base layer has no `lower`.
                 None => Verdict::Ready { depth: 0 },
@@ -352,30 +459,33 @@ fn judge_chain<'a>(start: &'a str, candidates: &Lookup<'a, '_>, verdicts: &mut V
                 }
             },
         };
-        verdicts.insert(current, verdict.clone());
+        chains.decide(current, verdict.clone());
         break verdict;
     };
 
     let mut parent_id = current;
     let mut parent_verdict = end;
     for &id in path.iter().rev() {
-        let verdict = match candidates.get(id) {
-            Some(Ok(c)) => judge_link(id, c, parent_id, &parent_verdict, candidates),
+        let verdict = match chains.candidate(id) {
+            Some(Ok(c)) => {
+                let parent = chains.candidate(parent_id);
+                judge_link(id, &c, parent_id, &parent_verdict, parent)
+            }
             _ => Verdict::own_failure(id, "internal inconsistency in the chain walk".to_owned()),
         };
-        verdicts.insert(id, verdict.clone());
+        chains.decide(id, verdict.clone());
         parent_id = id;
         parent_verdict = verdict;
     }
 }
 
-/// Decides a layer whose own checks passed, given its parent's verdict.
+/// Decides a layer whose own checks passed, given its parent's verdict and candidate.
 fn judge_link(
     id: &str,
     candidate: &Candidate<'_>,
     parent_id: &str,
     parent_verdict: &Verdict,
-    candidates: &Lookup<'_, '_>,
+    parent: Option<Probed<Candidate<'_>>>,
 ) -> Verdict {
     let depth = match parent_verdict {
         Verdict::Ready { depth } => depth + 1,
@@ -391,11 +501,11 @@ fn judge_link(
             format!("parent chain deeper than {MAX_LOWER_DEPTH} layers"),
         );
     }
-    let parent = match candidates.get(parent_id) {
+    let parent = match parent {
         Some(Ok(parent)) => parent,
         _ => return Verdict::missing(parent_id),
     };
-    match check_lower(candidate, parent) {
+    match check_lower(candidate, &parent) {
         Ok(()) => Verdict::Ready { depth },
         Err(reason) => Verdict::own_failure(id, reason),
     }
@@ -440,14 +550,15 @@ fn check_lower(child: &Candidate<'_>, parent: &Candidate<'_>) -> Result<(), Stri
 }
 
 /// Decides an image from its own facts and its top layer's verdict.
-fn judge_image(
+/// `top` is the verdict of the image's top layer, `None` when that layer is in neither area.
+pub(crate) fn judge_image(
     id: &str,
     probed: Result<&ImageFacts, &str>,
-    verdicts: &Verdicts<'_>,
+    top: Option<&Verdict>,
 ) -> Result<Ready<Image>, String> {
     let facts = probed.map_err(str::to_owned)?;
     let missing = Verdict::missing(&facts.top_layer);
-    let verdict = verdicts.get(facts.top_layer.as_str()).unwrap_or(&missing);
+    let verdict = top.unwrap_or(&missing);
     if let Some(dependent) = verdict.for_dependent("top layer", &facts.top_layer) {
         return Err(dependent.reason().unwrap_or_default().to_owned());
     }

@@ -1000,3 +1000,302 @@ fn a_vanished_root_fails_the_scan_instead_of_emptying_it() {
     assert!(err.0.contains("remote root"), "{err}");
     assert_all_ready(&s.scan().unwrap());
 }
+
+// ---- Incremental readiness ----
+
+/// A small deterministic generator (SplitMix64): the same seed gives the same sequence of
+/// changes, so a failure can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// Layer slots and image slots of the random trees: few enough that changes collide.
+const LAYER_SLOTS: [u8; 16] = [
+    0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f,
+];
+const IMAGE_SLOTS: [u8; 5] = [0xb0, 0xb1, 0xb2, 0xb3, 0xb4];
+/// A layer id no slot ever holds: a parent or top layer that is missing for good.
+const NOWHERE: u8 = 0xee;
+
+impl Tree {
+    /// Writes layer `n` naming `parent`, with a `lower` derived from whatever the parent's
+    /// directory holds now (a made-up entry when it holds nothing usable).
+    fn layer_on(&self, n: u8, parent: Option<u8>, link: &str) {
+        let overlay = overlay(n);
+        fs::create_dir_all(self.path(&format!("{overlay}/diff"))).unwrap();
+        self.write(&format!("{overlay}/link"), link);
+        let _ = fs::remove_file(self.path(&format!("{overlay}/lower")));
+        if let Some(p) = parent {
+            let parent_dir = self::overlay(p);
+            let parent_link = fs::read_to_string(self.path(&format!("{parent_dir}/link")))
+                .unwrap_or_else(|_| short(p));
+            let mut lower = format!("l/{parent_link}");
+            if let Ok(rest) = fs::read_to_string(self.path(&format!("{parent_dir}/lower"))) {
+                lower = format!("{lower}:{rest}");
+            }
+            self.write(&format!("{overlay}/lower"), lower);
+        }
+        let parent_field = parent.map(|p| format!(r#","parent":"{}""#, id(p)));
+        let json = format!(
+            r#"{{"id":"{}"{},"diff-digest":"sha256:{}"}}"#,
+            id(n),
+            parent_field.unwrap_or_default(),
+            id(n)
+        );
+        self.write(&layer_json(n), json);
+        let stream = gzip(br#"{"type":1,"name":"hello","size":13,"payload":"kGuXHeJgaa0="}"#);
+        self.write(&tar_split(n), stream);
+    }
+
+    /// The parent layer `n` names now, if its `layer.json` is readable.
+    fn parent_of(&self, n: u8) -> Option<u8> {
+        let json = fs::read_to_string(self.path(&layer_json(n))).ok()?;
+        let at = json.find(r#""parent":""#)? + r#""parent":""#.len();
+        u8::from_str_radix(json.get(at..at + 2)?, 16).ok()
+    }
+
+    fn remove_if_present(&self, rel: &str) {
+        let path = self.path(rel);
+        if path.is_dir() {
+            fs::remove_dir_all(path).unwrap();
+        } else if path.exists() {
+            fs::remove_file(path).unwrap();
+        }
+    }
+
+    /// One random change: layers added, removed, broken, re-parented (cycles included),
+    /// fixed; short ids shared; images added, removed, broken or pointed elsewhere.
+    fn random_change(&self, rng: &mut Rng) -> String {
+        let n = rng.pick(&LAYER_SLOTS);
+        let m = rng.pick(&LAYER_SLOTS);
+        let i = rng.pick(&IMAGE_SLOTS);
+        match rng.below(13) {
+            0 | 1 => {
+                let parent = match rng.below(4) {
+                    0 => None,
+                    1 => Some(NOWHERE),
+                    _ => Some(m),
+                };
+                self.layer_on(n, parent, &short(n));
+                format!("layer {n:x} on {parent:x?}")
+            }
+            2 => {
+                // Fixed in place: well-formed on the parent it already names.
+                let parent = self.parent_of(n);
+                self.layer_on(n, parent, &short(n));
+                format!("layer {n:x} rewritten on {parent:x?}")
+            }
+            3 => {
+                match rng.below(3) {
+                    0 => self.remove_if_present(&overlay(n)),
+                    1 => self.remove_if_present(&meta(n)),
+                    _ => {
+                        self.remove_if_present(&overlay(n));
+                        self.remove_if_present(&meta(n));
+                    }
+                }
+                format!("layer {n:x} removed")
+            }
+            4 => {
+                let what = match rng.below(6) {
+                    0 => {
+                        self.remove_if_present(&format!("{}/link", overlay(n)));
+                        "link removed"
+                    }
+                    1 => {
+                        self.remove_if_present(&format!("{}/diff", overlay(n)));
+                        "diff removed"
+                    }
+                    2 => {
+                        self.write(&tar_split(n), b"\x1f\x8b\x08");
+                        "tar-split truncated"
+                    }
+                    3 => {
+                        let json = format!(r#"{{"id":"{}","incomplete":true}}"#, id(n));
+                        self.write(&layer_json(n), json);
+                        "incomplete"
+                    }
+                    4 => {
+                        self.write(&format!("{}/lower", overlay(n)), format!("l/{}", short(m)));
+                        "lower replaced"
+                    }
+                    _ => {
+                        self.write(&layer_json(n), "{");
+                        "layer.json malformed"
+                    }
+                };
+                format!("layer {n:x}: {what}")
+            }
+            5 => {
+                // Possibly closing a cycle: n below m, whatever m is below.
+                let link = fs::read_to_string(self.path(&format!("{}/link", overlay(n))))
+                    .unwrap_or_else(|_| short(n));
+                self.layer_on(n, Some(m), &link);
+                format!("layer {n:x} re-parented on {m:x}")
+            }
+            6 => {
+                let parent = self.parent_of(n);
+                self.layer_on(n, parent, &short(m));
+                format!("layer {n:x} claims the short id of {m:x}")
+            }
+            7 => {
+                // A chain of a few layers, each on the previous one.
+                let len = 2 + rng.below(4) as usize;
+                let start = rng.below(LAYER_SLOTS.len() as u64) as usize;
+                let mut parent = None;
+                for k in 0..len {
+                    let layer = LAYER_SLOTS[(start + k) % LAYER_SLOTS.len()];
+                    self.layer_on(layer, parent, &short(layer));
+                    parent = Some(layer);
+                }
+                format!("chain of {len} from {:x}", LAYER_SLOTS[start])
+            }
+            8 | 9 => {
+                let top = if rng.below(5) == 0 { NOWHERE } else { n };
+                self.image(i, top);
+                format!("image {i:x} on {top:x}")
+            }
+            10 => {
+                self.remove_if_present(&image_dir(i));
+                format!("image {i:x} removed")
+            }
+            11 => {
+                self.remove_if_present(&format!("{}/manifest", image_dir(i)));
+                format!("image {i:x}: manifest removed")
+            }
+            _ => {
+                self.remove_if_present(&overlay(n));
+                self.remove_if_present(&meta(n));
+                self.layer_on(n, Some(m), &short(n));
+                format!("layer {n:x} deleted and created again on {m:x}")
+            }
+        }
+    }
+}
+
+/// Fails with a readable message unless `a` and `b` hold the same objects, fingerprints,
+/// short ids and not-ready reasons.
+fn assert_same_index(a: &LayoutIndex, b: &LayoutIndex, context: &str) {
+    let layers = |i: &LayoutIndex| -> Vec<(Layer, Fingerprint)> {
+        i.layers_with_fingerprints()
+            .map(|(l, f)| (l.clone(), f.clone()))
+            .collect()
+    };
+    let images = |i: &LayoutIndex| -> Vec<(Image, Fingerprint)> {
+        i.images_with_fingerprints()
+            .map(|(l, f)| (l.clone(), f.clone()))
+            .collect()
+    };
+    let ids = |i: &LayoutIndex| -> Vec<String> {
+        let layers = i.layers().map(|l| format!("layer {}", &l.id[..2]));
+        layers
+            .chain(i.images().map(|l| format!("image {}", &l.id[..2])))
+            .collect()
+    };
+    assert_eq!(a.driver, b.driver, "{context}");
+    assert_eq!(ids(a), ids(b), "{context}: ready objects");
+    assert_eq!(a.not_ready(), b.not_ready(), "{context}: not ready");
+    assert_eq!(layers(a), layers(b), "{context}: ready layers");
+    assert_eq!(a.by_short, b.by_short, "{context}: short ids");
+    assert_eq!(images(a), images(b), "{context}: ready images");
+}
+
+#[test]
+fn incremental_readiness_equals_a_full_resolve_after_every_change() {
+    for seed in 1..=4u64 {
+        let tree = Tree::new();
+        let mut rng = Rng(seed);
+        // Stamps are never trusted (all objects fresh), so every object is read again
+        // each scan: the facts are those a scan from scratch reads.
+        let mut fresh = Scanner::new(tree.tmp.path(), "overlay");
+        // Stamps trusted at once and listings reused: the facts may lag behind the tree,
+        // but the verdicts must still be those of a full resolve over the same facts.
+        let mut trusting = Scanner::new(tree.tmp.path(), "overlay");
+        trusting.racy_margin = std::time::Duration::ZERO;
+        trusting.full_check_every = 3;
+        let mut log = Vec::new();
+        for step in 0..80 {
+            for _ in 0..1 + rng.below(3) {
+                log.push(tree.random_change(&mut rng));
+            }
+            let context = format!("seed {seed}, step {step}, after: {}", log.join("; "));
+            let index = fresh.scan().unwrap();
+            assert_same_index(&index, &fresh.resolve_from_scratch(), &context);
+            assert_same_index(&index, &tree.scan(), &context);
+            let index = trusting.scan().unwrap();
+            assert_same_index(&index, &trusting.resolve_from_scratch(), &context);
+        }
+        let ready = fresh.scan().unwrap().layers().count();
+        assert!(
+            ready > 0,
+            "seed {seed}: the changes never made a layer ready"
+        );
+    }
+}
+
+#[test]
+fn a_change_at_the_base_reaches_every_descendant_and_image() {
+    let tree = Tree::new();
+    tree.layer(0x10, None);
+    let mut parent = 0x10;
+    for n in 0x11..0x30 {
+        tree.layer(n, Some(parent));
+        parent = n;
+    }
+    tree.image(0xb0, 0x2f);
+    tree.image(0xb1, 0x20);
+    let mut s = scanner(&tree);
+    // The tar-split is rewritten in place: only a full check of the files sees it.
+    s.full_check_every = 1;
+    assert_eq!(s.scan().unwrap().layers().count(), 0x20);
+
+    tree.write(&tar_split(0x10), b"\x1f\x8b\x08");
+    let index = s.scan().unwrap();
+    assert_same_index(&index, &tree.scan(), "base broken");
+    assert_eq!(index.layers().count(), 0);
+    assert_eq!(index.images().count(), 0);
+    assert!(reason(&index, ObjectKind::Image, &id(0xb0)).contains("ancestor"));
+
+    tree.layer(0x10, None);
+    let index = s.scan().unwrap();
+    assert_same_index(&index, &tree.scan(), "base fixed");
+    assert_eq!(index.layers().count(), 0x20);
+    assert_eq!(index.images().count(), 2);
+}
+
+#[test]
+fn unchanged_objects_are_shared_with_the_last_index() {
+    let tree = Tree::standard();
+    tree.layer(4, None);
+    let mut s = scanner(&tree);
+    let before = s.scan().unwrap();
+    tree.image(0xa2, 4);
+    let after = s.scan().unwrap();
+    assert!(after.image(&id(0xa2)).is_some());
+    for n in [BASE, MIDDLE, TOP, 4] {
+        assert!(std::ptr::eq(
+            before.layer(&id(n)).unwrap(),
+            after.layer(&id(n)).unwrap()
+        ));
+    }
+    assert!(std::ptr::eq(
+        before.image(&id(IMAGE)).unwrap(),
+        after.image(&id(IMAGE)).unwrap()
+    ));
+}

@@ -86,7 +86,9 @@ impl Diff {
                     d.layer_names(&l.id);
                     shorts.insert(&l.short);
                 }
-                (Some((o, a)), Some((n, b))) if differ(a, b) => {
+                // The same object in both (a scanner shares what it did not judge again)
+                // is unchanged without a look at its fingerprint.
+                (Some((o, a)), Some((n, b))) if !std::ptr::eq(o, n) && differ(a, b) => {
                     let id = &n.id;
                     d.changed.push(layer(id));
                     if recreated(a, b, &[Part::OverlayDir, Part::LayerDir]) {
@@ -128,7 +130,7 @@ impl Diff {
                     d.added.push(image(&i.id));
                     d.names.insert((ZoneKey::Images, i.id.clone()));
                 }
-                (Some((_, a)), Some((i, b))) if differ(a, b) => {
+                (Some((o, a)), Some((i, b))) if !std::ptr::eq(o, i) && differ(a, b) => {
                     d.changed.push(image(&i.id));
                     if recreated(a, b, &[Part::ImageDir]) {
                         d.names.insert((ZoneKey::Images, i.id.clone()));

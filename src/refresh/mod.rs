@@ -7,10 +7,11 @@
 //!    what each scan looks at and how late each kind of change is seen): unchanged
 //!    directories are not listed, unchanged objects are not parsed again. A scan that finds
 //!    nothing new ends the round here, so an idle round costs the scan's `stat`s only;
-//!    otherwise readiness is decided afresh over the whole set (from cached facts);
+//!    otherwise only the objects the scan changed, and those that depend on them, are
+//!    judged again (see `layout::rejudge`);
 //! 2. **diff** the new ready sets against the index the kernel was told about: added,
 //!    removed and changed objects ([`diff`]), walking both indexes side by side in id
-//!    order;
+//!    order (an object both share is unchanged at a glance);
 //! 3. **swap** the view's index ([`View::swap_index`]): a request sees the old index or
 //!    the new one, never a mixture, since it takes one `Arc` of it for its whole lookup;
 //! 4. **invalidate** exactly the kernel cache entries the diff touches ([`invalidate`]).
@@ -483,14 +484,25 @@ impl Refresher {
                 } else {
                     self.view.index()
                 };
+                let scanned = clock.elapsed();
                 let diff = Diff::between(&old, &index);
+                drop(old);
+                let diffed = clock.elapsed();
                 self.log_not_ready(&index);
                 self.view.swap_index(index);
+                let swapped = clock.elapsed();
                 self.hidden = false;
                 self.invalidate(&diff);
                 if let Some(w) = &mut self.watcher {
                     w.update(&self.view.index());
                 }
+                debug!(
+                    scan_ms = ms(scanned),
+                    diff_ms = ms(diffed - scanned),
+                    swap_ms = ms(swapped - diffed),
+                    invalidate_ms = ms(clock.elapsed() - swapped),
+                    "refresh round phases"
+                );
                 (diff, None)
             }
             Err(error) => {
@@ -731,6 +743,11 @@ impl Refresher {
         }
         self.reasons = now;
     }
+}
+
+/// A duration in milliseconds, for logs.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 /// An index of nothing at all: no object, ready or not.
