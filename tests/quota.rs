@@ -2076,15 +2076,24 @@ fn daemon_rchar(m: &Mount) -> u64 {
     panic!("no daemon serving {mnt}");
 }
 
+/// A fixture mount where files get FUSE passthrough; `None` (and a note) where the kernel
+/// offers none, which leaves nothing to check.
+fn passthrough_mount() -> Option<Mount> {
+    let m = mount();
+    if passthrough_in_use(&m, "probe") {
+        return Some(m);
+    }
+    eprintln!("skipped: FUSE passthrough is not available on this kernel");
+    None
+}
+
 /// Reads allocate nothing, so a file inside a quota root is read with FUSE passthrough
 /// like any other: its bytes never pass through the daemon.
 #[test]
 fn reads_inside_a_root_get_passthrough() {
-    let m = mount();
-    if !passthrough_in_use(&m, "probe") {
-        eprintln!("skipped: FUSE passthrough is not available on this kernel");
+    let Some(m) = passthrough_mount() else {
         return;
-    }
+    };
     let q = root(&m, "q", "64M", &[]);
     let data = write_file(&q.join("f"), 8 * MIB as usize, 11);
     drop_caches();
@@ -2102,11 +2111,9 @@ fn reads_inside_a_root_get_passthrough() {
 /// fill unseen, are set aside while it is open.
 #[test]
 fn a_writer_beside_a_passthrough_reader_is_counted_and_limited() {
-    let m = mount();
-    if !passthrough_in_use(&m, "probe") {
-        eprintln!("skipped: FUSE passthrough is not available on this kernel");
+    let Some(m) = passthrough_mount() else {
         return;
-    }
+    };
     let q = root(&m, "q", "8M", &[]);
     let base = used(&m, "overlay/q");
     write_file(&q.join("f"), MIB as usize, 5);
@@ -2166,11 +2173,9 @@ fn eventually_open(p: &Path) -> fs::File {
 /// open, the holes it could fill are not available to other files.
 #[test]
 fn a_mapping_beside_a_passthrough_reader_is_counted_at_close() {
-    let m = mount();
-    if !passthrough_in_use(&m, "probe") {
-        eprintln!("skipped: FUSE passthrough is not available on this kernel");
+    let Some(m) = passthrough_mount() else {
         return;
-    }
+    };
     let q = root(&m, "q", "8M", &[]);
     let base = used(&m, "overlay/q");
     let len = 4 * MIB as usize;
