@@ -22,8 +22,6 @@ pub struct Cli {
 pub enum Command {
     /// Mount the unified view of LOCAL over REMOTE at MOUNTPOINT.
     Mount(MountArgs),
-    /// Serve the CSI driver (volumes and BackingImage snapshots) on a unix socket.
-    Csi(CsiArgs),
     /// Show a running mount's state: remote health, the last refresh round, and why each
     /// object that is not shown is not ready.
     Status(ControlArgs),
@@ -211,67 +209,6 @@ impl MountArgs {
         config.foreground = self.foreground;
         config.mountpoint = self.mountpoint;
         Ok(config)
-    }
-}
-
-#[derive(Debug, Args)]
-pub struct CsiArgs {
-    /// The gRPC endpoint: a unix socket, `unix:///path/csi.sock`.
-    #[arg(
-        long,
-        value_name = "ENDPOINT",
-        default_value = "unix:///run/layerfs/csi.sock"
-    )]
-    pub endpoint: String,
-    /// This node's name (Kubernetes passes the node name).
-    #[arg(long, value_name = "NAME")]
-    pub node_id: String,
-    /// The local store: volumes live in `<DIR>/volumes`.
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/layerfs/csi")]
-    pub store: PathBuf,
-    /// Where BackingImages live; a directory every node shares makes them visible to all.
-    /// Default: `<store>/backing-images`.
-    #[arg(long, value_name = "DIR")]
-    pub backing_images: Option<PathBuf>,
-    /// The driver name reported to Kubernetes.
-    #[arg(long, value_name = "NAME", default_value = crate::csi::DRIVER_NAME)]
-    pub driver_name: String,
-    /// Seconds CreateVolume waits for a BackingImage being prepared before it answers ABORTED
-    /// (and the caller retries).
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
-    pub image_wait: u64,
-    /// Allow `file://` download URLs, for regular files below DIR only. Without it they are
-    /// refused: the driver runs as root and would read any host file.
-    #[arg(long, value_name = "DIR")]
-    pub file_root: Option<PathBuf>,
-    /// Refuse http(s) download URLs whose host is a loopback, link-local or private address.
-    #[arg(long)]
-    pub deny_private_urls: bool,
-    /// The largest image a download may produce, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = crate::csi::download::DEFAULT_MAX_SIZE)]
-    pub max_image_size: u64,
-    /// Seconds a download may receive nothing before it fails.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
-    pub download_idle_timeout: u64,
-}
-
-impl CsiArgs {
-    pub fn into_config(self) -> crate::csi::Config {
-        let backing_images = self
-            .backing_images
-            .unwrap_or_else(|| self.store.join("backing-images"));
-        crate::csi::Config {
-            endpoint: self.endpoint,
-            node_id: self.node_id,
-            driver_name: self.driver_name,
-            store: self.store,
-            backing_images,
-            image_wait: std::time::Duration::from_secs(self.image_wait),
-            file_root: self.file_root,
-            deny_private_urls: self.deny_private_urls,
-            max_image_size: self.max_image_size,
-            download_idle_timeout: std::time::Duration::from_secs(self.download_idle_timeout),
-        }
     }
 }
 

@@ -11,7 +11,6 @@
 pub mod cli;
 pub mod config;
 pub mod control;
-pub mod csi;
 pub mod daemon;
 pub mod error;
 pub mod fs;

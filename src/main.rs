@@ -17,7 +17,6 @@ fn main() -> ExitCode {
             .into_config()
             .map_err(anyhow::Error::from)
             .and_then(mount),
-        Command::Csi(args) => csi(args.into_config()),
         Command::Status(args) => control(Op::Status, args),
         Command::Refresh(args) => refresh(args),
         Command::Layers(args) => control(Op::Layers, args),
@@ -128,26 +127,4 @@ fn print(reply: Reply) -> anyhow::Result<()> {
         .write_all(reply.text.as_bytes())
         .context("writing the answer")?;
     Ok(reply.outcome?)
-}
-
-fn csi(config: layerfs::csi::Config) -> anyhow::Result<()> {
-    // Loop devices, mounts and a socket in root's run dir: nothing of it works otherwise.
-    if !nix::unistd::geteuid().is_root() {
-        anyhow::bail!(
-            "{}: {}",
-            config.endpoint,
-            layerfs::control::protocol::ROOT_ONLY
-        );
-    }
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    Ok(runtime.block_on(layerfs::csi::serve(config))?)
 }

@@ -5,17 +5,11 @@
 //! needs no runtime. It binds before the mount is made: an address that cannot be had fails
 //! the mount instead of leaving it silently unobservable.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
@@ -107,58 +101,181 @@ async fn accept(
     }
 }
 
+/// The largest request head accepted; a scrape's is a few hundred bytes.
+const MAX_HEAD: usize = 16 * 1024;
+
+/// Serves one connection: GET or HEAD requests without bodies, kept alive as HTTP/1.1 asks,
+/// until the client closes, sends something else, or the time limits run out. A scrape
+/// endpoint needs no more of HTTP than this, and the daemon links no HTTP stack for it.
 async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, metrics: Arc<Metrics>) {
-    let service = service_fn(move |request| {
-        let metrics = metrics.clone();
-        async move { Ok::<_, Infallible>(respond(&request, &metrics)) }
-    });
-    let served = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), service);
-    match tokio::time::timeout(CONNECTION_TIMEOUT, served).await {
+    match tokio::time::timeout(CONNECTION_TIMEOUT, serve_requests(stream, &metrics)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => debug!(%peer, error = %e, "metrics: connection ended with an error"),
         Err(_) => debug!(%peer, "metrics: connection closed after the time limit"),
     }
 }
 
-fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<String> {
-    if request.uri().path() != "/metrics" {
-        return plain(
-            StatusCode::NOT_FOUND,
-            "not found: metrics are at /metrics\n",
-        );
-    }
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
-        response
-            .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
-        return response;
-    }
-    match metrics.encode() {
-        Ok(body) => {
-            let mut response = Response::new(body);
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(super::CONTENT_TYPE));
-            response
+async fn serve_requests(
+    mut stream: tokio::net::TcpStream,
+    metrics: &Metrics,
+) -> std::io::Result<()> {
+    let mut buffer = Vec::with_capacity(1024);
+    loop {
+        let head_len =
+            match tokio::time::timeout(HEADER_TIMEOUT, read_head(&mut stream, &mut buffer)).await {
+                Ok(Ok(Some(len))) => len,
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(()),
+            };
+        let head = String::from_utf8_lossy(&buffer[..head_len]).into_owned();
+        buffer.drain(..head_len);
+        let request = Request::parse(&head);
+        let (mut response, keep) = match &request {
+            Some(request) => (respond(request, metrics), request.keep_alive()),
+            None => (plain(400, "Bad Request", "bad request\n"), false),
+        };
+        if !keep {
+            response.push_str_header("Connection", "close");
         }
-        Err(message) => {
-            warn!(error = %message, "metrics: scrape failed");
-            plain(StatusCode::INTERNAL_SERVER_ERROR, &format!("{message}\n"))
+        stream
+            .write_all(&response.encode(request.as_ref().is_some_and(|r| r.method == "HEAD")))
+            .await?;
+        if !keep {
+            return stream.shutdown().await;
         }
     }
 }
 
-fn plain(status: StatusCode, text: &str) -> Response<String> {
-    let mut response = Response::new(text.to_owned());
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
+/// Reads until `buffer` holds a whole request head; returns its length with the blank line,
+/// or `None` when the client closed between requests.
+async fn read_head(
+    stream: &mut tokio::net::TcpStream,
+    buffer: &mut Vec<u8>,
+) -> std::io::Result<Option<usize>> {
+    loop {
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok(Some(end + 4));
+        }
+        if buffer.len() > MAX_HEAD {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "request head too large",
+            ));
+        }
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return if buffer.is_empty() {
+                Ok(None)
+            } else {
+                Err(std::io::ErrorKind::UnexpectedEof.into())
+            };
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// What the server needs of a request: the request line and whether to keep the connection.
+struct Request<'a> {
+    method: &'a str,
+    path: &'a str,
+    http10: bool,
+    close: bool,
+    has_body: bool,
+}
+
+impl<'a> Request<'a> {
+    fn parse(head: &'a str) -> Option<Request<'a>> {
+        let mut lines = head.split("\r\n");
+        let mut parts = lines.next()?.split(' ');
+        let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || !version.starts_with("HTTP/1.") {
+            return None;
+        }
+        let path = target.split('?').next().unwrap_or(target);
+        let mut request = Request {
+            method,
+            path,
+            http10: version == "HTTP/1.0",
+            close: false,
+            has_body: false,
+        };
+        for line in lines.filter(|l| !l.is_empty()) {
+            let (name, value) = line.split_once(':')?;
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("connection") {
+                request.close = value.eq_ignore_ascii_case("close");
+            } else if name.eq_ignore_ascii_case("content-length") {
+                request.has_body |= value != "0";
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                request.has_body = true;
+            }
+        }
+        Some(request)
+    }
+
+    /// A body would have to be read and skipped; requests with one are answered and closed.
+    fn keep_alive(&self) -> bool {
+        !self.http10 && !self.close && !self.has_body
+    }
+}
+
+/// A response as written on the wire.
+struct Response {
+    status: u16,
+    reason: &'static str,
+    headers: Vec<(&'static str, String)>,
+    body: String,
+}
+
+impl Response {
+    fn push_str_header(&mut self, name: &'static str, value: &str) {
+        self.headers.push((name, value.to_owned()));
+    }
+
+    fn encode(&self, head_only: bool) -> Vec<u8> {
+        let mut out = format!("HTTP/1.1 {} {}\r\n", self.status, self.reason);
+        for (name, value) in &self.headers {
+            out.push_str(&format!("{name}: {value}\r\n"));
+        }
+        out.push_str(&format!("Content-Length: {}\r\n\r\n", self.body.len()));
+        let mut bytes = out.into_bytes();
+        if !head_only {
+            bytes.extend_from_slice(self.body.as_bytes());
+        }
+        bytes
+    }
+}
+
+fn respond(request: &Request<'_>, metrics: &Metrics) -> Response {
+    if request.path != "/metrics" {
+        return plain(404, "Not Found", "not found: metrics are at /metrics\n");
+    }
+    if request.method != "GET" && request.method != "HEAD" {
+        let mut response = plain(405, "Method Not Allowed", "only GET\n");
+        response.push_str_header("Allow", "GET, HEAD");
+        return response;
+    }
+    match metrics.encode() {
+        Ok(body) => Response {
+            status: 200,
+            reason: "OK",
+            headers: vec![("Content-Type", super::CONTENT_TYPE.to_owned())],
+            body,
+        },
+        Err(message) => {
+            warn!(error = %message, "metrics: scrape failed");
+            plain(500, "Internal Server Error", &format!("{message}\n"))
+        }
+    }
+}
+
+fn plain(status: u16, reason: &'static str, text: &str) -> Response {
+    Response {
+        status,
+        reason,
+        headers: vec![("Content-Type", "text/plain; charset=utf-8".to_owned())],
+        body: text.to_owned(),
+    }
 }

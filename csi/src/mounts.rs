@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::command::{run, run_accepting};
 use super::error::{CsiError, Result};
-use crate::store::mountinfo;
+use layerfs::store::mountinfo;
 
 /// The loop device already attached to `disk`, if any.
 pub async fn find_loop(disk: &Path) -> Result<Option<PathBuf>> {

@@ -1,4 +1,4 @@
-//! The CSI driver end to end: the real `layerfs csi` binary on a unix socket, driven by a gRPC
+//! The CSI driver end to end: the real `layerfs-csi` binary on a unix socket, driven by a gRPC
 //! client. Covers the four BackingImage scenarios (snapshot → image → delete; restore; a
 //! pre-provisioned download handle; on-demand download and export handles), idempotency, the
 //! error rules of DESIGN §7 and ListSnapshots filtering and paging.
@@ -16,24 +16,24 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
-use layerfs::csi::proto::controller_client::ControllerClient;
-use layerfs::csi::proto::identity_client::IdentityClient;
-use layerfs::csi::proto::node_client::NodeClient;
-use layerfs::csi::proto::volume_capability::access_mode::Mode;
-use layerfs::csi::proto::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
-use layerfs::csi::proto::volume_content_source::{SnapshotSource, Type as SourceType};
-use layerfs::csi::proto::*;
+use layerfs_csi::proto::controller_client::ControllerClient;
+use layerfs_csi::proto::identity_client::IdentityClient;
+use layerfs_csi::proto::node_client::NodeClient;
+use layerfs_csi::proto::volume_capability::access_mode::Mode;
+use layerfs_csi::proto::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use layerfs_csi::proto::volume_content_source::{SnapshotSource, Type as SourceType};
+use layerfs_csi::proto::*;
 use sha2::{Digest, Sha512};
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::Code;
 
-const BIN: &str = env!("CARGO_BIN_EXE_layerfs");
+const BIN: &str = env!("CARGO_BIN_EXE_layerfs-csi");
 const MIB: i64 = 1 << 20;
 
 // ---------------------------------------------------------------------------------------------
 // Harness
 
-/// A running `layerfs csi` in a temp dir; stopped and cleaned up on drop.
+/// A running `layerfs-csi` in a temp dir; stopped and cleaned up on drop.
 struct Server {
     child: Child,
     dir: tempfile::TempDir,
@@ -55,7 +55,6 @@ impl Server {
         let store = dir.path().join("store");
         let images = dir.path().join("shared-images");
         let child = Command::new(BIN)
-            .arg("csi")
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
             .args(["--node-id", "node1"])
@@ -67,7 +66,7 @@ impl Server {
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .spawn()
-            .expect("start layerfs csi");
+            .expect("start layerfs-csi");
         let server = Server { child, dir, socket };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !server.socket.exists() {
@@ -1736,4 +1735,24 @@ async fn capacity_default_and_snapshot_retry_without_source() {
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+}
+
+#[test]
+fn a_caller_who_is_not_root_is_refused_in_the_daemon_s_words() {
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .args([
+            "--node-id",
+            "n1",
+            "--endpoint",
+            "unix:///run/layerfs/test-csi.sock",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv");
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "layerfs-csi: unix:///run/layerfs/test-csi.sock: permission denied (root only)\n"
+    );
 }
