@@ -25,6 +25,7 @@
 //! [`download`] produce image files; [`mounts`] does loop devices and mounts; [`names`] maps
 //! CSI names to safe on-disk names.
 
+pub mod authority;
 pub mod backing_image;
 pub mod command;
 pub mod controller;

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::StreamExt;
 
+use super::authority;
 use super::controller::ControllerService;
 use super::error::{CsiError, Result};
 use super::identity::IdentityService;
@@ -71,7 +73,10 @@ pub async fn serve(config: Config) -> Result<()> {
         .add_service(IdentityServer::new(IdentityService(driver.clone())))
         .add_service(ControllerServer::new(ControllerService(driver.clone())))
         .add_service(NodeServer::new(NodeService(driver)))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener).map(|accepted| accepted.map(authority::shim)),
+            shutdown,
+        )
         .await;
     let _ = std::fs::remove_file(&path);
     result.map_err(|e| CsiError::Internal(format!("gRPC server: {e}")))
