@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod mount;
 pub mod quota;
 pub mod refresh;
+pub mod report;
 pub mod store;
 pub mod view;
 

@@ -8,8 +8,8 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use tracing::{info, warn};
 
 use crate::config::MountConfig;
-use crate::control::protocol::{QuotaAnswer, QuotaRequest};
 use crate::control::reconfigure::{Live, Reconfigure};
+use crate::control::MountControl;
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
 use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
@@ -17,8 +17,8 @@ use crate::fs::{LayerFs, Timeouts};
 use crate::layout::{LayoutIndex, Scanner};
 use crate::metrics::{InodeCounts, Metrics, Sources};
 use crate::quota::table::Quotas;
-use crate::refresh::report::{ImageInfo, LayerInfo, MountControl, RoundReport, Status};
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
+use crate::report::{ImageInfo, LayerInfo, QuotaAnswer, QuotaRequest, RoundReport, Status};
 use crate::view::{open_root, Layout, View};
 
 /// Mounts and serves until the filesystem is unmounted (by `umount`, `fusermount3 -u`, or

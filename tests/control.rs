@@ -13,10 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::*;
-use layerfs::control::{self, ControlServer};
-use layerfs::refresh::report::{
-    ImageInfo, Kind, LayerInfo, MountControl, NotReadyRef, ObjectRef, RemoteHealth, RoundReport,
-    Status,
+use layerfs::control::{self, ControlServer, MountControl};
+use layerfs::report::{
+    ImageInfo, Kind, LayerInfo, NotReadyRef, ObjectRef, RemoteHealth, RoundReport, Status,
 };
 use serde_json::Value;
 
@@ -85,6 +84,7 @@ impl MountControl for Fake {
             },
             last_round: Some(report(0, self.failing)),
             quotas: Vec::new(),
+            metrics: None,
         }
     }
     fn refresh(&self) -> RoundReport {

@@ -316,7 +316,7 @@ fn a_mountpoint_left_by_a_killed_daemon_is_mounted_again() {
 }
 
 /// The mount's `status`, through its control socket.
-fn status(mnt: &Path) -> layerfs::control::protocol::StatusView {
+fn status(mnt: &Path) -> layerfs::report::Status {
     let v = layerfs::control::query(mnt, layerfs::control::Op::Status).unwrap();
     serde_json::from_value(v).unwrap()
 }

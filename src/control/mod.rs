@@ -1,9 +1,9 @@
 //! The control socket: how `layerfs status`, `refresh`, `layers`, `images` and `quota` talk
 //! to a running mount (DESIGN §9).
 //!
-//! Each mount serves one unix socket. The mount's engine answers through
-//! [`MountControl`](crate::refresh::report::MountControl); this module only carries
-//! questions and answers:
+//! Each mount serves one unix socket. The mount answers through [`MountControl`], with the
+//! core's [`report`](crate::report) types; this module only carries questions and answers.
+//! The core never depends on it:
 //!
 //! 1. The mount calls [`serve`] with its engine handle and [`socket_path`] of its (canonical)
 //!    mountpoint. A socket file left by a mount that died is removed first; a live one is
@@ -47,12 +47,13 @@ pub mod umount;
 
 pub use client::{query, ClientError};
 pub use path::{escape_path, run_dir, socket_path, socket_path_in, DEFAULT_RUN_DIR, RUN_DIR_ENV};
-pub use protocol::Op;
+pub use protocol::{MountControl, Op};
 pub use server::{serve, serve_with, ControlServer};
 
 use std::path::{Path, PathBuf};
 
-use protocol::{QuotaInfo, Request};
+use crate::report::{QuotaInfo, RoundReport};
+use protocol::Request;
 
 use crate::quota::size::human;
 use crate::quota::storage::{self, Applied, Storage, StorageError};
@@ -105,8 +106,7 @@ fn ask_and_render(mountpoint: &Path, request: &Request, json: bool) -> Result<Re
     let mut outcome = Ok(());
     let text = match request.op {
         Op::Refresh => {
-            let round: protocol::RoundView =
-                serde_json::from_value(payload.clone()).map_err(decode)?;
+            let round: RoundReport = serde_json::from_value(payload.clone()).map_err(decode)?;
             if let Some(e) = round.error.clone() {
                 outcome = Err(ClientError::RoundFailed(e));
             }

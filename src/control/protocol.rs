@@ -4,9 +4,9 @@
 //! daemon still answers a newer client's plain questions. The answer is `{"ok":true, <key>:
 //! <payload>}`, the key depending on the op ([`Op::key`]), or `{"ok":false,"error":"…"}`.
 //!
-//! The payloads are the engine's [`report`](crate::refresh::report) types. A client reads them
-//! back as the `*View` types here, which accept missing fields: the CLI and the daemon it
-//! talks to are not always the same build.
+//! The payloads are the core's [`report`](crate::report) types, read back by the client as the
+//! same types; they accept missing fields, as the CLI and the daemon it talks to are not
+//! always the same build.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::reconfigure::Reconfigure;
-use crate::refresh::report::MountControl;
+use crate::report::{ImageInfo, LayerInfo, QuotaAnswer, QuotaRequest, RoundReport, Status};
 
 /// The longest request line the server reads; a longer one is refused and its connection
 /// closed (there is no telling where the next request would start).
@@ -23,6 +23,34 @@ pub const MAX_REQUEST: usize = 64 * 1024;
 /// How every command refuses a caller who is not root, and how the server refuses a client:
 /// one wording, whichever side finds out first.
 pub const ROOT_ONLY: &str = "permission denied (root only)";
+
+/// What the control socket asks of a running mount. The mount answers it from its refresh
+/// engine and its view; the control server only carries questions and answers.
+pub trait MountControl: Send + Sync {
+    /// The mount's state now. Never blocks on the remote.
+    fn status(&self) -> Status;
+    /// Runs a refresh round now and reports it (a round already running is waited for,
+    /// within the scan timeout).
+    fn refresh(&self) -> RoundReport;
+    /// Like [`MountControl::refresh`], taking an empty remote as emptied on purpose rather
+    /// than lost.
+    fn refresh_accepting_empty(&self) -> RoundReport {
+        self.refresh()
+    }
+    /// The ready layers, sorted by id.
+    fn layers(&self) -> Vec<LayerInfo>;
+    /// The ready images, sorted by id.
+    fn images(&self) -> Vec<ImageInfo>;
+    /// The address Prometheus metrics are served on (`-o metrics=`), if they are; `status`
+    /// shows it as `metrics`.
+    fn metrics(&self) -> Option<String> {
+        None
+    }
+    /// Sets, reads, lists or clears quotas; an error is a message for the user.
+    fn quota(&self, _request: QuotaRequest) -> Result<QuotaAnswer, String> {
+        Err("this mount does not serve quotas".into())
+    }
+}
 
 /// What a client can ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,44 +132,26 @@ pub fn request_line_for(request: &Request) -> Vec<u8> {
     line
 }
 
-/// A quota question, as the mount answers it ([`MountControl::quota`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum QuotaRequest {
-    Set {
-        path: String,
-        size: String,
-        inodes: Option<u64>,
-    },
-    Get {
-        path: String,
-    },
-    List,
-    Clear {
-        path: String,
-    },
-}
-
-impl QuotaRequest {
-    fn from_request(r: &Request) -> Result<QuotaRequest, String> {
-        let path = || {
-            r.path
+/// The quota question a request asks.
+fn quota_request(r: &Request) -> Result<QuotaRequest, String> {
+    let path = || {
+        r.path
+            .clone()
+            .ok_or_else(|| format!("bad request: '{}' needs a path", op_name(r.op)))
+    };
+    Ok(match r.op {
+        Op::QuotaSet => QuotaRequest::Set {
+            path: path()?,
+            size: r
+                .size
                 .clone()
-                .ok_or_else(|| format!("bad request: '{}' needs a path", op_name(r.op)))
-        };
-        Ok(match r.op {
-            Op::QuotaSet => QuotaRequest::Set {
-                path: path()?,
-                size: r
-                    .size
-                    .clone()
-                    .ok_or_else(|| "bad request: 'quota_set' needs a size".to_owned())?,
-                inodes: r.inodes,
-            },
-            Op::QuotaGet => QuotaRequest::Get { path: path()? },
-            Op::QuotaClear => QuotaRequest::Clear { path: path()? },
-            _ => QuotaRequest::List,
-        })
-    }
+                .ok_or_else(|| "bad request: 'quota_set' needs a size".to_owned())?,
+            inodes: r.inodes,
+        },
+        Op::QuotaGet => QuotaRequest::Get { path: path()? },
+        Op::QuotaClear => QuotaRequest::Clear { path: path()? },
+        _ => QuotaRequest::List,
+    })
 }
 
 fn op_name(op: Op) -> String {
@@ -149,32 +159,6 @@ fn op_name(op: Op) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
-}
-
-/// One quota root: its limit and what is used under it. Both sides of the socket use it;
-/// missing fields read as zero so older and newer builds still understand each other.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct QuotaInfo {
-    /// The directory, relative to the mountpoint.
-    pub path: String,
-    /// Bytes of allocated space allowed.
-    pub limit: u64,
-    /// Bytes of allocated space in use.
-    pub used: u64,
-    /// `limit - used`, never negative.
-    pub available: u64,
-    /// Inodes allowed, when an inode limit is set.
-    pub inode_limit: Option<u64>,
-    pub inodes_used: u64,
-}
-
-/// The answer to a [`QuotaRequest`]: one root for set/get/clear, all of them for list.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum QuotaAnswer {
-    One(QuotaInfo),
-    Many(Vec<QuotaInfo>),
 }
 
 /// Answers one request line (without its newline) with one answer line (with it).
@@ -219,11 +203,9 @@ fn payload(
     request: &Request,
 ) -> Result<Value, String> {
     let encoded = match request.op {
-        Op::Status => serde_json::to_value(handle.status()).map(|mut status| {
-            if let (Some(addr), Some(fields)) = (handle.metrics(), status.as_object_mut()) {
-                fields.insert("metrics".into(), addr.into());
-            }
-            status
+        Op::Status => serde_json::to_value(Status {
+            metrics: handle.metrics(),
+            ..handle.status()
         }),
         Op::Refresh if request.accept_empty => {
             serde_json::to_value(handle.refresh_accepting_empty())
@@ -232,7 +214,7 @@ fn payload(
         Op::Layers => serde_json::to_value(handle.layers()),
         Op::Images => serde_json::to_value(handle.images()),
         Op::QuotaSet | Op::QuotaGet | Op::QuotaList | Op::QuotaClear => {
-            let question = QuotaRequest::from_request(request)?;
+            let question = quota_request(request)?;
             serde_json::to_value(handle.quota(question)?)
         }
         Op::Reconfigure => match live {
@@ -255,87 +237,10 @@ pub fn encode(value: &Value) -> Vec<u8> {
     line
 }
 
-/// A [`Status`](crate::refresh::report::Status) as a client reads it.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct StatusView {
-    pub mountpoint: String,
-    pub remote: String,
-    pub local: String,
-    pub driver: String,
-    pub socket: String,
-    pub refresh_interval_secs: f64,
-    pub rounds: u64,
-    pub remote_health: HealthView,
-    pub last_round: Option<RoundView>,
-    pub quotas: Vec<QuotaInfo>,
-    /// Where Prometheus metrics are served, if they are.
-    pub metrics: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct HealthView {
-    pub healthy: bool,
-    /// Seconds since the epoch.
-    pub since: f64,
-    pub last_error: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct RoundView {
-    /// Seconds since the epoch.
-    pub started: f64,
-    /// Milliseconds.
-    pub duration: f64,
-    pub added: Vec<RefView>,
-    pub removed: Vec<RefView>,
-    pub changed: Vec<RefView>,
-    pub ready_layers: usize,
-    pub ready_images: usize,
-    pub not_ready: Vec<NotReadyView>,
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct RefView {
-    pub kind: String,
-    pub id: String,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct NotReadyView {
-    pub kind: String,
-    pub name: String,
-    pub reason: String,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct LayerView {
-    pub id: String,
-    pub short: String,
-    pub parent: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct ImageView {
-    pub id: String,
-    pub top_layer: String,
-    pub names: Vec<String>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::refresh::report::{
-        ImageInfo, LayerInfo, NotReadyRef, RemoteHealth, RoundReport, Status,
-    };
-    use crate::refresh::report::{Kind, ObjectRef};
+    use crate::report::{Kind, NotReadyRef, ObjectRef, RemoteHealth};
     use std::time::{Duration, SystemTime};
 
     struct Fake;
@@ -378,6 +283,7 @@ mod tests {
                 },
                 last_round: Some(round()),
                 quotas: Vec::new(),
+                metrics: None,
             }
         }
         fn refresh(&self) -> RoundReport {
@@ -406,15 +312,15 @@ mod tests {
     fn answers_each_op_under_its_key() {
         let v = ask(r#"{"op":"status"}"#);
         assert_eq!(v["ok"], true);
-        let status: StatusView = serde_json::from_value(v["status"].clone()).unwrap();
+        let status: Status = serde_json::from_value(v["status"].clone()).unwrap();
         assert_eq!(status.rounds, 3);
         let last = status.last_round.unwrap();
-        assert_eq!(last.duration, 2.5);
-        assert_eq!(last.not_ready[0].kind, "layer");
+        assert_eq!(last.duration, Duration::from_micros(2500));
+        assert_eq!(last.not_ready[0].kind, Kind::Layer);
         let v = ask(r#"{"op":"refresh","extra":1}"#);
         assert_eq!(v["round"]["added"][0]["id"], "i1");
         let v = ask(r#"{"op":"images"}"#);
-        let images: Vec<ImageView> = serde_json::from_value(v["images"].clone()).unwrap();
+        let images: Vec<ImageInfo> = serde_json::from_value(v["images"].clone()).unwrap();
         assert_eq!(images[0].names, ["busybox:latest"]);
     }
 
@@ -498,20 +404,12 @@ mod tests {
         });
         let r: Request = serde_json::from_slice(&line).unwrap();
         assert_eq!(
-            QuotaRequest::from_request(&r).unwrap(),
+            quota_request(&r).unwrap(),
             QuotaRequest::Set {
                 path: "overlay/c1".into(),
                 size: "10G".into(),
                 inodes: None
             }
         );
-    }
-
-    #[test]
-    fn views_accept_missing_fields() {
-        let s: StatusView = serde_json::from_str("{}").unwrap();
-        assert!(s.last_round.is_none());
-        let l: LayerView = serde_json::from_str(r#"{"id":"x","future":true}"#).unwrap();
-        assert_eq!(l.id, "x");
     }
 }

@@ -3,8 +3,10 @@
 
 use std::fmt::Write;
 
-use super::protocol::{ImageView, LayerView, QuotaInfo, RoundView, StatusView};
+use std::time::{Duration, SystemTime};
+
 use crate::quota::size::human;
+use crate::report::{ImageInfo, Kind, LayerInfo, QuotaInfo, RoundReport, Status};
 
 /// Ids in table columns that point elsewhere (parents, top layers) are cut to this many
 /// characters, as `docker` does; the full id is in the `ID` column of the other table.
@@ -12,7 +14,7 @@ const SHORT_ID: usize = 12;
 
 /// `layerfs status`: what the mount is, how its remote is, what the last round found, and
 /// why each object that is not shown is not ready.
-pub fn status(s: &StatusView, now: f64) -> String {
+pub fn status(s: &Status, now: f64) -> String {
     let mut out = String::new();
     let mut line = |label: &str, value: &str| {
         let _ = writeln!(out, "{label:<12}{value}");
@@ -20,12 +22,16 @@ pub fn status(s: &StatusView, now: f64) -> String {
     line("mountpoint", &s.mountpoint);
     let health = &s.remote_health;
     let remote = if health.healthy {
-        format!("{}: healthy since {}", s.remote, when(health.since, now))
+        format!(
+            "{}: healthy since {}",
+            s.remote,
+            when(secs(health.since), now)
+        )
     } else {
         format!(
             "{}: NOT ANSWERING since {}{}",
             s.remote,
-            when(health.since, now),
+            when(secs(health.since), now),
             health
                 .last_error
                 .as_deref()
@@ -61,8 +67,8 @@ pub fn status(s: &StatusView, now: f64) -> String {
                 "last round",
                 &format!(
                     "{}, took {}: {}",
-                    when(r.started, now),
-                    millis(r.duration),
+                    when(secs(r.started), now),
+                    millis(ms(r.duration)),
                     changes(r)
                 ),
             );
@@ -80,13 +86,9 @@ pub fn status(s: &StatusView, now: f64) -> String {
                     count(r.ready_images, "image")
                 ),
             );
-            let layers = r.not_ready.iter().filter(|n| n.kind == "layer").count();
-            let images = r.not_ready.iter().filter(|n| n.kind == "image").count();
-            let others = r.not_ready.len() - layers - images;
+            let layers = r.not_ready.iter().filter(|n| n.kind == Kind::Layer).count();
+            let images = r.not_ready.len() - layers;
             let mut summary = format!("{}, {}", count(layers, "layer"), count(images, "image"));
-            if others > 0 {
-                let _ = write!(summary, ", {others} other");
-            }
             if !r.not_ready.is_empty() {
                 summary.push(':');
             }
@@ -133,8 +135,8 @@ fn quota_summary(out: &mut String, roots: &[QuotaInfo]) {
 }
 
 /// `layerfs refresh`: what the round changed.
-pub fn round(r: &RoundView) -> String {
-    let mut out = format!("round took {}: {}\n", millis(r.duration), changes(r));
+pub fn round(r: &RoundReport) -> String {
+    let mut out = format!("round took {}: {}\n", millis(ms(r.duration)), changes(r));
     for (mark, list) in [("+", &r.added), ("-", &r.removed), ("~", &r.changed)] {
         for o in list {
             let _ = writeln!(out, "  {mark} {} {}", o.kind, o.id);
@@ -162,7 +164,7 @@ pub fn round(r: &RoundView) -> String {
 }
 
 /// `layerfs layers`: one row per ready layer.
-pub fn layers(layers: &[LayerView]) -> String {
+pub fn layers(layers: &[LayerInfo]) -> String {
     let rows: Vec<[String; 3]> = layers
         .iter()
         .map(|l| {
@@ -177,7 +179,7 @@ pub fn layers(layers: &[LayerView]) -> String {
 }
 
 /// `layerfs images`: one row per ready image.
-pub fn images(images: &[ImageView]) -> String {
+pub fn images(images: &[ImageInfo]) -> String {
     let rows: Vec<[String; 3]> = images
         .iter()
         .map(|i| {
@@ -300,7 +302,7 @@ fn cut(id: &str) -> String {
     id.chars().take(SHORT_ID).collect()
 }
 
-fn changes(r: &RoundView) -> String {
+fn changes(r: &RoundReport) -> String {
     format!(
         "{} added, {} removed, {} changed",
         r.added.len(),
@@ -316,6 +318,16 @@ fn count(n: usize, noun: &str) -> String {
     } else {
         format!("{n} {noun}s")
     }
+}
+
+/// Seconds since the epoch.
+fn secs(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 fn millis(ms: f64) -> String {
@@ -393,34 +405,38 @@ pub fn json(value: &serde_json::Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::protocol::{HealthView, NotReadyView, RefView};
     use super::*;
+    use crate::report::{NotReadyRef, ObjectRef, RemoteHealth};
 
     const T0: f64 = 1_714_564_803.0; // 2024-05-01 12:00:03 UTC
 
-    fn round_view() -> RoundView {
-        RoundView {
-            started: T0,
-            duration: 3.25,
-            added: vec![RefView {
-                kind: "image".into(),
+    fn at(secs: f64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs_f64(secs)
+    }
+
+    fn round_view() -> RoundReport {
+        RoundReport {
+            started: at(T0),
+            duration: Duration::from_micros(3250),
+            added: vec![ObjectRef {
+                kind: Kind::Image,
                 id: "39c4".into(),
             }],
             removed: vec![],
-            changed: vec![RefView {
-                kind: "layer".into(),
+            changed: vec![ObjectRef {
+                kind: Kind::Layer,
                 id: "7f54".into(),
             }],
             ready_layers: 4,
             ready_images: 1,
             not_ready: vec![
-                NotReadyView {
-                    kind: "layer".into(),
+                NotReadyRef {
+                    kind: Kind::Layer,
                     name: "cf2e".into(),
                     reason: "layer.json has \"incompelte\": true".into(),
                 },
-                NotReadyView {
-                    kind: "image".into(),
+                NotReadyRef {
+                    kind: Kind::Image,
                     name: "3cc6".into(),
                     reason: "top layer a4ef does not exist".into(),
                 },
@@ -429,8 +445,8 @@ mod tests {
         }
     }
 
-    fn status_view() -> StatusView {
-        StatusView {
+    fn status_view() -> Status {
+        Status {
             mountpoint: "/var/lib/isulad/storage".into(),
             remote: "/mnt/nfs".into(),
             local: "/var/lib/layerfs".into(),
@@ -438,9 +454,9 @@ mod tests {
             socket: "/run/layerfs/mounts/var-lib-isulad-storage.sock".into(),
             refresh_interval_secs: 5.0,
             rounds: 7,
-            remote_health: HealthView {
+            remote_health: RemoteHealth {
                 healthy: true,
-                since: T0 - 3600.0,
+                since: at(T0 - 3600.0),
                 last_error: None,
             },
             last_round: Some(round_view()),
@@ -451,7 +467,7 @@ mod tests {
 
     #[test]
     fn status_shows_where_metrics_are_served() {
-        let s = StatusView {
+        let s = Status {
             metrics: Some("127.0.0.1:9100".into()),
             ..status_view()
         };
@@ -485,9 +501,9 @@ quotas      none
     #[test]
     fn status_shows_an_unhealthy_remote_and_a_failed_round() {
         let mut s = status_view();
-        s.remote_health = HealthView {
+        s.remote_health = RemoteHealth {
             healthy: false,
-            since: T0,
+            since: at(T0),
             last_error: Some("Stale file handle".into()),
         };
         s.refresh_interval_secs = 0.0;
@@ -525,12 +541,12 @@ quotas      none
     #[test]
     fn tables_align() {
         let text = layers(&[
-            LayerView {
+            LayerInfo {
                 id: "aaaa".into(),
                 short: "S1".into(),
                 parent: None,
             },
-            LayerView {
+            LayerInfo {
                 id: "bb".into(),
                 short: "S2".into(),
                 parent: Some("aaaaaaaaaaaaaaaaaaaa".into()),
@@ -540,7 +556,7 @@ quotas      none
             text,
             "ID    SHORT  PARENT\naaaa  S1     -\nbb    S2     aaaaaaaaaaaa\n"
         );
-        let text = images(&[ImageView {
+        let text = images(&[ImageInfo {
             id: "i".into(),
             top_layer: "t".into(),
             names: vec!["a:1".into(), "b:2".into()],

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
+use super::protocol::MountControl;
 use super::protocol::{self, MAX_REQUEST};
 use super::reconfigure::Reconfigure;
-use crate::refresh::report::MountControl;
 
 /// How long a connection may sit without sending a byte before it is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);

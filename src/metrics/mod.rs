@@ -36,7 +36,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::refresh::report::{Kind, RoundReport, Status};
+use crate::report::{Kind, RoundReport, Status};
 pub use http::{serve, Server};
 pub use latency::Latency;
 

@@ -2,8 +2,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
 use super::*;
-use crate::control::protocol::QuotaInfo;
-use crate::refresh::report::{NotReadyRef, ObjectRef, RemoteHealth};
+use crate::report::QuotaInfo;
+use crate::report::{NotReadyRef, ObjectRef, RemoteHealth};
 
 /// The value of the series `series` (name and labels as exposed), if present.
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -75,6 +75,7 @@ impl Fake {
                     inode_limit: Some(100),
                     inodes_used: 3,
                 }],
+                metrics: None,
             }),
         })
     }

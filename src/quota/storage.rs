@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 
 use super::size::{self, SizeError};
 use crate::control::client::{self, ClientError};
-use crate::control::protocol::{Op, QuotaInfo, Request};
+use crate::control::protocol::{Op, Request};
+use crate::report::QuotaInfo;
 use crate::store::mountinfo;
 
 /// The filesystem type a layerfs mount shows in `/proc/self/mountinfo`.

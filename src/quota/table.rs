@@ -22,7 +22,7 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use parking_lot::{Mutex, RwLock};
 
-use crate::control::protocol::QuotaInfo;
+use crate::report::QuotaInfo;
 
 /// No inode limit.
 const UNLIMITED: u64 = u64::MAX;

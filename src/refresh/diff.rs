@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use super::report::{Kind, ObjectRef};
 use crate::layout::{Fingerprint, LayoutIndex, Part};
+use crate::report::{Kind, ObjectRef};
 use crate::view::Zone;
 
 /// The difference between the index the kernel was told about and the new one.

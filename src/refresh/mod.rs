@@ -58,7 +58,6 @@
 pub mod anchor;
 pub mod diff;
 pub mod invalidate;
-pub mod report;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -74,13 +73,11 @@ use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::layout::{LayoutIndex, Scanner};
+use crate::report::{ImageInfo, Kind, LayerInfo, NotReadyRef, RemoteHealth, RoundReport, Status};
 use crate::view::View;
 use anchor::{Anchor, Probed};
 use diff::Diff;
 use invalidate::Kernel;
-use report::{
-    ImageInfo, Kind, LayerInfo, MountControl, NotReadyRef, RemoteHealth, RoundReport, Status,
-};
 
 /// How long inotify events are collected before they trigger one round: a pull writes many
 /// files in a burst.
@@ -170,8 +167,8 @@ struct State {
     interval: Duration,
 }
 
-/// The mount's side of the control socket: answers [`MountControl`] from the refresher's
-/// shared state and the view's index, without ever touching the remote itself.
+/// The refresh engine's side of the control socket: status, rounds, layers and images
+/// from the refresher's shared state and the view's index, without ever touching the remote itself.
 pub struct RefreshHandle {
     tx: Sender<Request>,
     /// The operator said an empty remote is what they want (see [`RefreshHandle::accept_empty`]).
@@ -232,8 +229,10 @@ impl RefreshHandle {
     }
 }
 
-impl MountControl for RefreshHandle {
-    fn status(&self) -> Status {
+/// What the control socket asks of the engine. None of it touches the remote.
+impl RefreshHandle {
+    /// The engine's state now (the mount adds its quota roots).
+    pub fn status(&self) -> Status {
         let state = self.state.lock();
         Status {
             mountpoint: self.info.mountpoint.display().to_string(),
@@ -246,14 +245,13 @@ impl MountControl for RefreshHandle {
             remote_health: state.health.clone(),
             last_round: state.last_round.clone(),
             quotas: Vec::new(),
+            metrics: None,
         }
     }
 
-    fn refresh_accepting_empty(&self) -> RoundReport {
-        self.accept_empty()
-    }
-
-    fn refresh(&self) -> RoundReport {
+    /// Runs a round now and reports it; a round already running is waited for, within the
+    /// scan timeout.
+    pub fn refresh(&self) -> RoundReport {
         let (tx, rx) = bounded(1);
         if self.tx.send(Request::Round(Some(tx))).is_err() {
             return self.failed_report("the refresh thread is not running".into());
@@ -270,7 +268,8 @@ impl MountControl for RefreshHandle {
         }
     }
 
-    fn layers(&self) -> Vec<LayerInfo> {
+    /// The ready layers.
+    pub fn layers(&self) -> Vec<LayerInfo> {
         self.view
             .index()
             .layers()
@@ -282,7 +281,8 @@ impl MountControl for RefreshHandle {
             .collect()
     }
 
-    fn images(&self) -> Vec<ImageInfo> {
+    /// The ready images.
+    pub fn images(&self) -> Vec<ImageInfo> {
         self.view
             .index()
             .images()

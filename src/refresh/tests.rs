@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 
 use super::diff::{Diff, ZoneKey};
 use super::invalidate::Kernel;
-use super::report::{Kind, MountControl};
 use super::*;
+use crate::report::Kind;
 use crate::view::inodes::ROOT_INO;
 use crate::view::{open_root, Layout, LinkStyle};
 
@@ -148,7 +148,7 @@ fn rounds_report_added_removed_and_changed_objects() {
     image(&f.remote, 0xa2, 2, "two:latest");
     fs::remove_dir_all(f.remote.join(format!("overlay-images/{}", id(0xa1)))).unwrap();
     let round = r.round();
-    let ids = |v: &[report::ObjectRef]| v.iter().map(|o| o.id.clone()).collect::<Vec<_>>();
+    let ids = |v: &[crate::report::ObjectRef]| v.iter().map(|o| o.id.clone()).collect::<Vec<_>>();
     assert_eq!(ids(&round.added), vec![id(2), id(0xa2)]);
     assert_eq!(ids(&round.removed), vec![id(0xa1)]);
 

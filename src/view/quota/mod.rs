@@ -23,11 +23,11 @@ use tracing::{info, warn};
 use super::inodes::ROOT_INO;
 use super::node::Node;
 use super::{Caller, Stat, View};
-use crate::control::protocol::{QuotaAnswer, QuotaInfo, QuotaRequest};
 use crate::quota::persist::{self, Registry};
 use crate::quota::scan;
 use crate::quota::size::{parse_size, SizeError};
 use crate::quota::table::{Limit, QuotaRoot};
+use crate::report::{QuotaAnswer, QuotaInfo, QuotaRequest};
 use crate::store;
 
 pub use charge::Held;

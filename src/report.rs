@@ -1,0 +1,257 @@
+//! What a mount reports: how its remote is doing, what a refresh round did, its layers,
+//! images and quota roots. The core fills these in; the control socket carries them as they
+//! are (JSON), and the commands read them back with the same types. Every field has a
+//! default, so a command and a daemon of different builds still understand each other.
+
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::ObjectKind;
+
+/// One layer or image named in a report.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ObjectRef {
+    pub kind: Kind,
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Layer,
+    Image,
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kind::Layer => "layer",
+            Kind::Image => "image",
+        })
+    }
+}
+
+impl From<ObjectKind> for Kind {
+    fn from(k: ObjectKind) -> Kind {
+        match k {
+            ObjectKind::Layer => Kind::Layer,
+            ObjectKind::Image => Kind::Image,
+        }
+    }
+}
+
+/// An object that exists remotely but is not shown, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotReadyRef {
+    pub kind: Kind,
+    pub name: String,
+    pub reason: String,
+}
+
+/// One refresh round.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RoundReport {
+    #[serde(with = "unix_time")]
+    pub started: SystemTime,
+    #[serde(with = "millis")]
+    pub duration: Duration,
+    pub added: Vec<ObjectRef>,
+    pub removed: Vec<ObjectRef>,
+    pub changed: Vec<ObjectRef>,
+    pub ready_layers: usize,
+    pub ready_images: usize,
+    pub not_ready: Vec<NotReadyRef>,
+    /// Set when the round could not scan the remote (the previous index stayed in place).
+    pub error: Option<String>,
+}
+
+/// Whether the remote answers, and since when it has been in that state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RemoteHealth {
+    pub healthy: bool,
+    #[serde(with = "unix_time")]
+    pub since: SystemTime,
+    pub last_error: Option<String>,
+}
+
+/// A running mount's state, as `layerfs status` shows it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Status {
+    pub mountpoint: String,
+    pub remote: String,
+    pub local: String,
+    pub driver: String,
+    /// The control socket's path.
+    pub socket: String,
+    /// Seconds between rounds; 0 = only on demand.
+    pub refresh_interval_secs: f64,
+    pub rounds: u64,
+    pub remote_health: RemoteHealth,
+    pub last_round: Option<RoundReport>,
+    /// The mount's quota roots (filled in by the mount, not the refresh engine).
+    pub quotas: Vec<QuotaInfo>,
+    /// Where Prometheus metrics are served (`-o metrics=`), if they are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
+}
+
+/// A layer as `layerfs layers` lists it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LayerInfo {
+    pub id: String,
+    pub short: String,
+    pub parent: Option<String>,
+}
+
+/// An image as `layerfs images` lists it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ImageInfo {
+    pub id: String,
+    pub top_layer: String,
+    pub names: Vec<String>,
+}
+
+/// One quota root: its limit and what is used under it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct QuotaInfo {
+    /// The directory, relative to the mountpoint.
+    pub path: String,
+    /// Bytes of allocated space allowed.
+    pub limit: u64,
+    /// Bytes of allocated space in use.
+    pub used: u64,
+    /// `limit - used`, never negative.
+    pub available: u64,
+    /// Inodes allowed, when an inode limit is set.
+    pub inode_limit: Option<u64>,
+    pub inodes_used: u64,
+}
+
+/// A quota question, as a mount answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuotaRequest {
+    Set {
+        path: String,
+        size: String,
+        inodes: Option<u64>,
+    },
+    Get {
+        path: String,
+    },
+    List,
+    Clear {
+        path: String,
+    },
+}
+
+/// The answer to a [`QuotaRequest`]: one root for set/get/clear, all of them for list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum QuotaAnswer {
+    One(QuotaInfo),
+    Many(Vec<QuotaInfo>),
+}
+
+impl Default for RoundReport {
+    fn default() -> RoundReport {
+        RoundReport {
+            started: SystemTime::UNIX_EPOCH,
+            duration: Duration::ZERO,
+            added: Vec::new(),
+            removed: Vec::new(),
+            changed: Vec::new(),
+            ready_layers: 0,
+            ready_images: 0,
+            not_ready: Vec::new(),
+            error: None,
+        }
+    }
+}
+
+impl Default for RemoteHealth {
+    fn default() -> RemoteHealth {
+        RemoteHealth {
+            healthy: false,
+            since: SystemTime::UNIX_EPOCH,
+            last_error: None,
+        }
+    }
+}
+
+/// Times as seconds since the epoch (with a fraction), the form scripts handle best.
+mod unix_time {
+    use std::time::{Duration, SystemTime};
+
+    use serde::Deserialize;
+
+    pub fn serialize<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let secs = t
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        s.serialize_f64(secs)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Ok(Duration::try_from_secs_f64(secs)
+            .ok()
+            .and_then(|since| SystemTime::UNIX_EPOCH.checked_add(since))
+            .unwrap_or(SystemTime::UNIX_EPOCH))
+    }
+}
+
+/// Durations as milliseconds (with a fraction).
+mod millis {
+    use std::time::Duration;
+
+    use serde::Deserialize;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1000.0)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let ms = f64::deserialize(d)?;
+        Ok(Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::ZERO))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_round_trip_and_accept_missing_fields() {
+        let round = RoundReport {
+            started: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250),
+            duration: Duration::from_micros(2500),
+            added: vec![ObjectRef {
+                kind: Kind::Image,
+                id: "i1".into(),
+            }],
+            ..RoundReport::default()
+        };
+        let text = serde_json::to_string(&round).unwrap();
+        assert!(text.contains(r#""duration":2.5"#), "{text}");
+        let back: RoundReport = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.started, round.started);
+        assert_eq!(back.duration, round.duration);
+        assert_eq!(back.added, round.added);
+
+        let s: Status = serde_json::from_str(r#"{"future":1}"#).unwrap();
+        assert!(s.last_round.is_none() && s.metrics.is_none());
+        let l: LayerInfo = serde_json::from_str(r#"{"id":"x","future":true}"#).unwrap();
+        assert_eq!(l.id, "x");
+        let r: RoundReport =
+            serde_json::from_str(r#"{"started":-1,"duration":"x"}"#).unwrap_or_default();
+        assert_eq!(r.started, SystemTime::UNIX_EPOCH);
+    }
+}
