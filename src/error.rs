@@ -2,6 +2,10 @@
 
 use std::path::PathBuf;
 
+/// How every command refuses a caller who is not root, and how the control server refuses
+/// a client: one wording, whichever side finds out first.
+pub const ROOT_ONLY: &str = "permission denied (root only)";
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("unknown mount option '{0}'")]
@@ -21,7 +25,7 @@ pub enum Error {
     #[error(transparent)]
     DeadMount(#[from] crate::fs::kernel_mount::DeadMount),
     /// The caller is not root, and this system lets only root mount FUSE.
-    #[error("{}: {}", .0.display(), crate::control::protocol::ROOT_ONLY)]
+    #[error("{}: {}", .0.display(), ROOT_ONLY)]
     Denied(PathBuf),
     #[error("/dev/fuse is not usable ({0}); load the fuse module or run where FUSE is allowed")]
     NoFuse(String),

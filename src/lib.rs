@@ -17,6 +17,7 @@ pub mod fs;
 pub mod launch;
 pub mod layout;
 pub mod local_lock;
+pub mod logging;
 pub mod metrics;
 pub mod mount;
 pub mod quota;

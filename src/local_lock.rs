@@ -38,9 +38,13 @@ pub struct LocalLock {
     _dir: OwnedFd,
 }
 
-/// Takes the lock on `local` (canonical). If a live mount uses the tree, fails at once,
-/// naming it; otherwise the holder is a daemon on its way out, and is waited for.
-pub fn take(local: &Path) -> Result<LocalLock, LockError> {
+/// Takes the lock on `local` (canonical). If a live mount uses the tree (`mount_using`
+/// names it: the control socket knows), fails at once, naming it; otherwise the holder is
+/// a daemon on its way out, and is waited for.
+pub fn take(
+    local: &Path,
+    mount_using: impl Fn(&Path) -> Option<PathBuf>,
+) -> Result<LocalLock, LockError> {
     let failed = |source| LockError::Lock {
         local: local.to_owned(),
         source,
@@ -67,7 +71,7 @@ pub fn take(local: &Path) -> Result<LocalLock, LockError> {
         }
         if !looked {
             looked = true;
-            if let Some(by) = crate::control::client::mount_using(local) {
+            if let Some(by) = mount_using(local) {
                 return Err(LockError::InUse {
                     local: local.to_owned(),
                     by: Some(by),

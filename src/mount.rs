@@ -147,7 +147,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     let live: Arc<dyn Reconfigure> = Arc::new(Live::new(
         config.clone(),
         handle.clone(),
-        Box::new(crate::launch::set_log_level),
+        Box::new(crate::logging::set_log_level),
     ));
     let socket = crate::control::socket_path(&config.mountpoint);
     let control_server = serve_control(control, live, &socket, &handle);

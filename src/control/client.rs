@@ -59,7 +59,7 @@ pub fn query(mountpoint: &Path, op: Op) -> Result<Value, ClientError> {
 
 /// Sends the mount at `mountpoint` a full request, and returns the answer's payload.
 pub fn ask(mountpoint: &Path, request: &Request) -> Result<Value, ClientError> {
-    let mountpoint = resolve_mountpoint(mountpoint);
+    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
     let socket = super::socket_path(&mountpoint);
     ask_at(&mountpoint, &socket, request)
 }
@@ -173,30 +173,6 @@ fn refused(mountpoint: &Path, message: &str) -> ClientError {
     }
 }
 
-/// The canonical path the mount was made at, resolved without depending on the mount
-/// itself answering: a mount whose daemon died fails every lookup (`ENOTCONN`), and that
-/// is just when a user asks what happened.
-pub fn resolve_mountpoint(path: &Path) -> PathBuf {
-    if let Ok(canonical) = std::fs::canonicalize(path) {
-        return canonical;
-    }
-    let absolute = if path.is_absolute() {
-        path.to_owned()
-    } else {
-        match std::env::current_dir() {
-            Ok(cwd) => cwd.join(path),
-            Err(_) => path.to_owned(),
-        }
-    };
-    match (absolute.parent(), absolute.file_name()) {
-        (Some(parent), Some(name)) => match std::fs::canonicalize(parent) {
-            Ok(parent) => parent.join(name),
-            Err(_) => absolute,
-        },
-        _ => absolute,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,13 +182,19 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let real = std::fs::canonicalize(tmp.path()).unwrap();
         assert_eq!(
-            resolve_mountpoint(&tmp.path().join("gone")),
+            crate::store::mountinfo::resolve_mountpoint(&tmp.path().join("gone")),
             real.join("gone")
         );
         std::fs::create_dir(real.join("d")).unwrap();
         std::os::unix::fs::symlink(real.join("d"), real.join("link")).unwrap();
-        assert_eq!(resolve_mountpoint(&real.join("link")), real.join("d"));
-        assert_eq!(resolve_mountpoint(&real.join("d/")), real.join("d"));
+        assert_eq!(
+            crate::store::mountinfo::resolve_mountpoint(&real.join("link")),
+            real.join("d")
+        );
+        assert_eq!(
+            crate::store::mountinfo::resolve_mountpoint(&real.join("d/")),
+            real.join("d")
+        );
     }
 
     #[test]

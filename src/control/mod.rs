@@ -40,6 +40,7 @@
 pub mod client;
 mod path;
 pub mod protocol;
+pub mod quota_backend;
 pub mod reconfigure;
 pub mod render;
 mod server;
@@ -82,13 +83,13 @@ impl Reply {
 /// Runs `layerfs status|refresh|layers|images MOUNTPOINT [--json]`: asks the mount and
 /// renders its answer. An error here means there is nothing to print.
 pub fn command(mountpoint: &Path, op: Op, json: bool) -> Result<Reply, ClientError> {
-    let mountpoint = client::resolve_mountpoint(mountpoint);
+    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
     ask_and_render(&mountpoint, &Request::new(op), json)
 }
 
 /// `layerfs refresh`: runs a round, taking an empty remote as the truth with `accept_empty`.
 pub fn refresh(mountpoint: &Path, accept_empty: bool, json: bool) -> Result<Reply, ClientError> {
-    let mountpoint = client::resolve_mountpoint(mountpoint);
+    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
     let request = Request {
         accept_empty,
         ..Request::new(Op::Refresh)
@@ -146,7 +147,7 @@ pub fn quota(
     path: Option<&Path>,
     json: bool,
 ) -> Result<Reply, StorageError> {
-    let mountpoint = client::resolve_mountpoint(mountpoint);
+    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
     let path = match path {
         Some(path) => Some(storage::key_for(&mountpoint, &target(&mountpoint, path))?),
         None => None,
@@ -175,8 +176,11 @@ pub struct QuotaSet {
 /// backend MOUNTPOINT calls for: a layerfs mount enforces the quota, a plain directory
 /// cannot (an error, or a warning in [`Reply::note`] with `ignore_failed`).
 pub fn quota_set(mountpoint: &Path, set: &QuotaSet, json: bool) -> Result<Reply, StorageError> {
-    let backend = storage::backend_for(mountpoint);
-    let dir = target(&client::resolve_mountpoint(mountpoint), &set.path);
+    let backend = quota_backend::backend_for(mountpoint);
+    let dir = target(
+        &crate::store::mountinfo::resolve_mountpoint(mountpoint),
+        &set.path,
+    );
     let (dir, applied) = if set.create {
         let key = storage::key_for(backend.root(), &dir)?;
         let prepared = storage::prepare(
@@ -231,7 +235,7 @@ pub fn quota_set(mountpoint: &Path, set: &QuotaSet, json: bool) -> Result<Reply,
 /// relative to the (resolved) mountpoint.
 fn target(mountpoint: &Path, path: &Path) -> PathBuf {
     if path.is_absolute() {
-        client::resolve_mountpoint(path)
+        crate::store::mountinfo::resolve_mountpoint(path)
     } else {
         mountpoint.join(path)
     }

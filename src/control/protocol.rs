@@ -20,9 +20,7 @@ use crate::report::{ImageInfo, LayerInfo, QuotaAnswer, QuotaRequest, RoundReport
 /// closed (there is no telling where the next request would start).
 pub const MAX_REQUEST: usize = 64 * 1024;
 
-/// How every command refuses a caller who is not root, and how the server refuses a client:
-/// one wording, whichever side finds out first.
-pub const ROOT_ONLY: &str = "permission denied (root only)";
+pub use crate::error::ROOT_ONLY;
 
 /// What the control socket asks of a running mount. The mount answers it from its refresh
 /// engine and its view; the control server only carries questions and answers.

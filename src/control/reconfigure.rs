@@ -163,7 +163,7 @@ pub fn remount(mountpoint: &Path, options: &[String]) -> Result<Reconfigured, Cl
         options: options.to_vec(),
         ..Request::new(Op::Reconfigure)
     };
-    let mountpoint = client::resolve_mountpoint(mountpoint);
+    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
     let payload = client::ask(&mountpoint, &request)?;
     serde_json::from_value(payload).map_err(|e| ClientError::BadAnswer {
         socket: super::socket_path(&mountpoint),

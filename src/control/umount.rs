@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
-use super::{client, socket_path};
+use super::socket_path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UmountError {
@@ -38,7 +38,7 @@ pub enum UmountError {
 
 /// Unmounts the layerfs mount at `mountpoint` and waits up to `wait` for its daemon to end.
 pub fn umount(mountpoint: &Path, wait: Duration) -> Result<PathBuf, UmountError> {
-    let mountpoint = client::resolve_mountpoint(mountpoint);
+    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
     let socket = socket_path(&mountpoint);
     // The run dir is root's: a caller kept out of it cannot tell whether a mount is there.
     match std::fs::symlink_metadata(&socket) {

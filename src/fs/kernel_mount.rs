@@ -114,7 +114,7 @@ pub fn reclaim_dead(mountpoint: &Path) -> Result<bool, DeadMount> {
         return Ok(false);
     }
     // The path cannot be resolved through the dead mount itself, only up to it.
-    let point = crate::control::client::resolve_mountpoint(mountpoint);
+    let point = crate::store::mountinfo::resolve_mountpoint(mountpoint);
     let top = crate::store::mountinfo::current()
         .into_iter()
         .rfind(|m| m.point == point);

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::store;
 
-/// The registry's name in local's root (the view hides it: `marker::REGISTRY_NAME`).
+/// The registry's name in local's root (the view hides it: `store::reserved::REGISTRY_NAME`).
 pub const REGISTRY: &CStr = c".layerfs-quota.json";
 const REGISTRY_TEMP: &CStr = c".layerfs-tmp.quota.json";
 /// A registry larger than this is not ours.
@@ -97,7 +97,7 @@ mod tests {
     #[test]
     fn saves_and_loads_back() {
         let tmp = tempfile::tempdir().unwrap();
-        let local = crate::view::open_root(tmp.path()).unwrap();
+        let local = crate::store::open_root(tmp.path()).unwrap();
         assert_eq!(load(local.as_fd()).unwrap(), Registry::default());
         let registry = Registry {
             version: 1,
@@ -123,7 +123,7 @@ mod tests {
     fn a_damaged_registry_is_an_error_not_an_empty_one() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join(".layerfs-quota.json"), b"{\"roots\": [").unwrap();
-        let local = crate::view::open_root(tmp.path()).unwrap();
+        let local = crate::store::open_root(tmp.path()).unwrap();
         assert!(matches!(
             load(local.as_fd()),
             Err(RegistryError::Malformed(_))

@@ -11,8 +11,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use nix::errno::Errno;
 
 use super::table::Usage;
+use crate::store::reserved;
 use crate::store::{self, Kind};
-use crate::view::marker;
 
 /// Allocated bytes of one object, as its stat tells.
 pub fn allocated(st: &libc::stat) -> u64 {
@@ -67,7 +67,7 @@ fn walk(
             continue;
         };
         // Copy-up's temporary files are the view's, in flight or left by a crash.
-        if marker::is_reserved_name(name.to_bytes()) {
+        if reserved::is_reserved_name(name.to_bytes()) {
             continue;
         }
         let st = match store::stat_at(dir, &name) {
@@ -133,11 +133,11 @@ mod tests {
         std::os::unix::fs::symlink("a/b/data", root.join("link")).unwrap();
         let sparse = std::fs::File::create(root.join("sparse")).unwrap();
         sparse.set_len(1 << 30).unwrap();
-        let fd = crate::view::open_root(&root).unwrap();
+        let fd = crate::store::open_root(&root).unwrap();
         let got = usage(fd.as_fd()).unwrap();
         assert_eq!(got, du(&root));
         assert!(tree(fd.as_fd()).unwrap().hard_linked);
-        let plain = crate::view::open_root(&root.join("a/b/..")).unwrap();
+        let plain = crate::store::open_root(&root.join("a/b/..")).unwrap();
         assert!(
             tree(plain.as_fd()).unwrap().hard_linked,
             "data has a name outside"
@@ -151,7 +151,7 @@ mod tests {
     fn temporary_names_are_not_counted() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join(".layerfs-tmp.x"), vec![1u8; 65_536]).unwrap();
-        let fd = crate::view::open_root(tmp.path()).unwrap();
+        let fd = crate::store::open_root(tmp.path()).unwrap();
         assert_eq!(usage(fd.as_fd()).unwrap().inodes, 1);
     }
 }

@@ -19,9 +19,10 @@
 //! [`apply`] is the same decision for a directory that already exists. A malformed size or
 //! label fails either before anything is touched.
 //!
-//! Two backends ship: [`Layerfs`], whose directories live in a layerfs mount that enforces
-//! the quota (set over its control socket), and [`PlainDir`], a plain directory that cannot.
-//! [`backend_for`] picks the right one for a path.
+//! Two backends ship: a layerfs mount, which enforces the quota and is told of it over its
+//! control socket (`control::quota_backend`, at the edge, since it speaks the socket), and
+//! [`PlainDir`], a plain directory that cannot. `control::quota_backend::backend_for` picks
+//! the right one for a path.
 
 use std::io;
 use std::path::{Component, Path, PathBuf};
@@ -29,13 +30,6 @@ use std::path::{Component, Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::size::{self, SizeError};
-use crate::control::client::{self, ClientError};
-use crate::control::protocol::{Op, Request};
-use crate::report::QuotaInfo;
-use crate::store::mountinfo;
-
-/// The filesystem type a layerfs mount shows in `/proc/self/mountinfo`.
-const LAYERFS_FSTYPE: &str = "fuse.layerfs";
 
 /// A quota request, as containerd's snapshotter config spells it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,10 +62,16 @@ pub trait Snapshotter {
     }
     /// Makes the directory for `key` (and its missing parents) and returns it. A directory
     /// that already exists is an error: [`prepare`] removes what it made when the quota
-    /// fails, and must never remove something it did not make.
-    fn create_dir(&self, key: &str) -> Result<PathBuf, StorageError>;
+    /// fails, and must never remove something it did not make. By default, a plain
+    /// `mkdir` under [`root`](Snapshotter::root).
+    fn create_dir(&self, key: &str) -> Result<PathBuf, StorageError> {
+        check_key(key)?;
+        create(self.dir(key))
+    }
     /// Removes a directory [`create_dir`](Snapshotter::create_dir) made (still empty).
-    fn remove_dir(&self, dir: &Path) -> Result<(), StorageError>;
+    fn remove_dir(&self, dir: &Path) -> Result<(), StorageError> {
+        remove(dir)
+    }
     /// Limits `dir` to `limit` bytes of allocated space and, if given, `inodes` inodes.
     fn apply_quota(&self, dir: &Path, limit: u64, inodes: Option<u64>) -> Result<(), StorageError>;
 }
@@ -103,8 +103,9 @@ pub enum StorageError {
         dir: PathBuf,
         reason: String,
     },
+    /// The backend could not be asked (a layerfs mount's control socket did not answer).
     #[error(transparent)]
-    Control(#[from] ClientError),
+    Backend(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// What became of the quota part of a request.
@@ -284,41 +285,11 @@ impl Snapshotter for PlainDir {
         )
     }
 
-    fn create_dir(&self, key: &str) -> Result<PathBuf, StorageError> {
-        check_key(key)?;
-        create(self.dir(key))
-    }
-
-    fn remove_dir(&self, dir: &Path) -> Result<(), StorageError> {
-        remove(dir)
-    }
-
     fn apply_quota(&self, dir: &Path, _: u64, _: Option<u64>) -> Result<(), StorageError> {
         Err(StorageError::Unsupported {
             dir: dir.to_owned(),
             reason: self.why_unsupported(),
         })
-    }
-}
-
-/// Directories in a running layerfs mount, which enforces quotas itself and is told about
-/// them over its control socket.
-#[derive(Debug, Clone)]
-pub struct Layerfs {
-    pub mountpoint: PathBuf,
-}
-
-impl Layerfs {
-    /// The backend for the mount at `mountpoint`, resolved as the control socket's name is.
-    pub fn new(mountpoint: &Path) -> Layerfs {
-        Layerfs {
-            mountpoint: client::resolve_mountpoint(mountpoint),
-        }
-    }
-
-    /// `dir` relative to the mountpoint, as the control protocol names directories.
-    pub fn relative(&self, dir: &Path) -> Result<String, StorageError> {
-        key_for(&self.mountpoint, dir)
     }
 }
 
@@ -335,106 +306,6 @@ pub fn key_for(root: &Path, dir: &Path) -> Result<String, StorageError> {
         Some(s) if plain && !s.is_empty() => Ok(s.to_owned()),
         _ => Err(outside()),
     }
-}
-
-impl Snapshotter for Layerfs {
-    fn name(&self) -> &str {
-        "layerfs"
-    }
-
-    fn root(&self) -> &Path {
-        &self.mountpoint
-    }
-
-    fn supported_quota(&self) -> bool {
-        let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-            return false;
-        };
-        // Canonical, as mountinfo shows it; a path that no longer resolves is not mounted.
-        let Ok(mountpoint) = std::fs::canonicalize(&self.mountpoint) else {
-            return false;
-        };
-        top_mount_is_layerfs(&info, &mountpoint)
-    }
-
-    fn why_unsupported(&self) -> String {
-        format!(
-            "no layerfs is mounted at {} (nothing of type {LAYERFS_FSTYPE} there)",
-            self.mountpoint.display()
-        )
-    }
-
-    fn create_dir(&self, key: &str) -> Result<PathBuf, StorageError> {
-        check_key(key)?;
-        create(self.dir(key))
-    }
-
-    fn remove_dir(&self, dir: &Path) -> Result<(), StorageError> {
-        remove(dir)
-    }
-
-    fn apply_quota(&self, dir: &Path, limit: u64, inodes: Option<u64>) -> Result<(), StorageError> {
-        let request = Request {
-            path: Some(self.relative(dir)?),
-            size: Some(limit.to_string()),
-            inodes,
-            ..Request::new(Op::QuotaSet)
-        };
-        let payload = client::ask(&self.mountpoint, &request)?;
-        let failed = |reason: String| StorageError::Apply {
-            backend: self.name().to_owned(),
-            dir: dir.to_owned(),
-            reason,
-        };
-        // The mount says what it now enforces; anything else than what was asked is a
-        // quota that did not take, and must not pass for one that did.
-        let info: QuotaInfo = serde_json::from_value(payload)
-            .map_err(|e| failed(format!("unreadable answer: {e}")))?;
-        if info.limit != limit || info.inode_limit != inodes {
-            return Err(failed(format!(
-                "the mount enforces {} bytes and {:?} inodes, not {limit} and {inodes:?}",
-                info.limit, info.inode_limit
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// The backend for directories under `path`: [`Layerfs`] when the deepest mount containing
-/// it is a layerfs mount, [`PlainDir`] rooted at `path` otherwise.
-pub fn backend_for(path: &Path) -> Box<dyn Snapshotter> {
-    let resolved = client::resolve_mountpoint(path);
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    match layerfs_mount_containing(&info, &resolved) {
-        Some(mountpoint) => Box::new(Layerfs { mountpoint }),
-        None => Box::new(PlainDir { root: resolved }),
-    }
-}
-
-/// Whether the mount on top at exactly `mountpoint` (the last one listed there) is layerfs.
-fn top_mount_is_layerfs(info: &str, mountpoint: &Path) -> bool {
-    mountinfo::parse(info)
-        .filter(|m| m.point == mountpoint)
-        .last()
-        .is_some_and(|m| m.fstype == LAYERFS_FSTYPE)
-}
-
-/// The layerfs mount that `path` is in, if the deepest mount containing it is one.
-fn layerfs_mount_containing(info: &str, path: &Path) -> Option<PathBuf> {
-    let mut best: Option<(PathBuf, bool)> = None;
-    for mountinfo::Mount { point, fstype, .. } in mountinfo::parse(info) {
-        if !path.starts_with(&point) {
-            continue;
-        }
-        let deeper = best
-            .as_ref()
-            .is_none_or(|(b, _)| point.components().count() >= b.components().count());
-        // `>=`: a later mount at the same point covers the earlier one.
-        if deeper {
-            best = Some((point, fstype == LAYERFS_FSTYPE));
-        }
-    }
-    best.and_then(|(point, layerfs)| layerfs.then_some(point))
 }
 
 #[cfg(test)]
@@ -692,88 +563,6 @@ mod tests {
         assert!(!plain.supported_quota());
         let e = plain.apply_quota(tmp.path(), 1, None).unwrap_err();
         assert!(matches!(e, StorageError::Unsupported { .. }), "{e}");
-    }
-
-    const MOUNTINFO: &str = "\
-22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-40 22 0:50 / /var/lib/isulad/storage rw,nosuid,nodev shared:20 - fuse.layerfs /srv/remote rw,user_id=0
-41 40 0:51 / /var/lib/isulad/storage/overlay/c1/merged rw shared:21 - overlay overlay rw
-50 22 0:60 / /mnt/with\\040space rw - fuse.layerfs r rw
-60 22 0:70 / /mnt/stacked rw - fuse.layerfs r rw
-61 22 0:71 / /mnt/stacked rw - tmpfs tmpfs rw
-";
-
-    #[test]
-    fn mountinfo_finds_layerfs_mounts() {
-        let p = Path::new;
-        assert!(top_mount_is_layerfs(
-            MOUNTINFO,
-            p("/var/lib/isulad/storage")
-        ));
-        assert!(top_mount_is_layerfs(MOUNTINFO, p("/mnt/with space")));
-        assert!(!top_mount_is_layerfs(MOUNTINFO, p("/mnt/stacked")));
-        assert!(!top_mount_is_layerfs(MOUNTINFO, p("/var/lib/isulad")));
-        assert!(!top_mount_is_layerfs(MOUNTINFO, p("/")));
-        let containing = |path: &str| layerfs_mount_containing(MOUNTINFO, p(path));
-        assert_eq!(
-            containing("/var/lib/isulad/storage/overlay/c2"),
-            Some(PathBuf::from("/var/lib/isulad/storage"))
-        );
-        assert_eq!(
-            containing("/var/lib/isulad/storage"),
-            Some(PathBuf::from("/var/lib/isulad/storage"))
-        );
-        // Components, not string prefixes.
-        assert_eq!(containing("/var/lib/isulad/storage2"), None);
-        // The deepest mount decides: an overlay inside the view is not the view.
-        assert_eq!(
-            containing("/var/lib/isulad/storage/overlay/c1/merged/x"),
-            None
-        );
-        assert_eq!(containing("/mnt/stacked/a"), None);
-        assert_eq!(
-            containing("/mnt/with space/overlay"),
-            Some(PathBuf::from("/mnt/with space"))
-        );
-        assert_eq!(containing("/home"), None);
-    }
-
-    #[test]
-    fn backend_for_a_plain_directory_is_plain() {
-        let tmp = tempfile::tempdir().unwrap();
-        let b = backend_for(tmp.path());
-        assert_eq!(b.name(), "plain directory");
-        assert!(!b.supported_quota());
-        assert_eq!(b.root(), std::fs::canonicalize(tmp.path()).unwrap());
-        // A layerfs backend with nothing mounted does not claim support.
-        let l = Layerfs::new(tmp.path());
-        assert!(!l.supported_quota());
-        assert!(l.why_unsupported().contains("no layerfs is mounted"));
-    }
-
-    #[test]
-    fn layerfs_names_dirs_relative_to_its_mountpoint() {
-        let l = Layerfs {
-            mountpoint: PathBuf::from("/mnt/view"),
-        };
-        assert_eq!(
-            l.relative(Path::new("/mnt/view/overlay/c1")).unwrap(),
-            "overlay/c1"
-        );
-        for outside in ["/mnt/view", "/mnt/other/x", "/mnt/view/../x", "overlay/c1"] {
-            let e = l.relative(Path::new(outside)).unwrap_err();
-            assert!(matches!(e, StorageError::Outside { .. }), "{outside}: {e}");
-        }
-    }
-
-    #[test]
-    fn layerfs_apply_without_a_mount_fails_clearly() {
-        let tmp = tempfile::tempdir().unwrap();
-        let l = Layerfs::new(tmp.path());
-        let e = l
-            .apply_quota(&l.mountpoint.join("overlay/c1"), 1, None)
-            .unwrap_err();
-        assert!(matches!(e, StorageError::Control(_)), "{e}");
     }
 
     #[test]

@@ -12,11 +12,13 @@ pub mod creds;
 pub mod dirent;
 pub mod fiemap;
 pub mod mountinfo;
+pub mod reserved;
 pub mod xattr;
 
 use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -74,6 +76,15 @@ impl Kind {
             Kind::BlockDev => libc::S_IFBLK,
         }
     }
+}
+
+/// Opens a tree's root as a directory handle, refusing a root that is not a directory.
+pub fn open_root(path: &Path) -> Result<OwnedFd, Errno> {
+    nix::fcntl::open(
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
 }
 
 /// Converts a single path component into a C string, refusing what cannot be one name.

@@ -1,7 +1,7 @@
 //! Reading `/proc/self/mountinfo`, which escapes space, tab, newline and backslash in
 //! paths as octal (`\040`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// One mount, as a line of mountinfo describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,30 @@ pub fn current() -> Vec<Mount> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .map(|info| parse(&info).collect())
         .unwrap_or_default()
+}
+
+/// The canonical path the mount was made at, resolved without depending on the mount
+/// itself answering: a mount whose daemon died fails every lookup (`ENOTCONN`), and that
+/// is just when a user asks what happened.
+pub fn resolve_mountpoint(path: &Path) -> PathBuf {
+    if let Ok(canonical) = std::fs::canonicalize(path) {
+        return canonical;
+    }
+    let absolute = if path.is_absolute() {
+        path.to_owned()
+    } else {
+        match std::env::current_dir() {
+            Ok(cwd) => cwd.join(path),
+            Err(_) => path.to_owned(),
+        }
+    };
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(parent), Some(name)) => match std::fs::canonicalize(parent) {
+            Ok(parent) => parent.join(name),
+            Err(_) => absolute,
+        },
+        _ => absolute,
+    }
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space, …).

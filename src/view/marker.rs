@@ -15,43 +15,19 @@
 
 use std::ffi::{CStr, CString};
 use std::os::fd::BorrowedFd;
-use std::sync::OnceLock;
 
 use nix::errno::Errno;
 use nix::sys::stat::{Mode, SFlag};
 
 use super::{Stat, Zone};
+pub use crate::store::reserved::{is_reserved_name, tag_temp_names, temp_prefix, REGISTRY_NAME};
 use crate::store::{self, xattr};
-
-/// Prefix of the temporary names the view makes in local; see [`temp_prefix`].
-const TEMP_BASE: &[u8] = b".layerfs-tmp.";
-static TEMP_PREFIX: OnceLock<Vec<u8>> = OnceLock::new();
-/// The quota registry's name (see `quota::persist`).
-pub const REGISTRY_NAME: &[u8] = b".layerfs-quota.json";
 
 const OPAQUE_NAMES: [&CStr; 2] = [c"trusted.overlay.opaque", c"user.overlay.opaque"];
 /// Marks a 0/0 character device that is not a whiteout. Only `trusted.` attributes can sit
 /// on a device node.
 const DEVICE_NAME: &CStr = c"trusted.layerfs.device";
 const PRIVATE_PREFIXES: [&[u8]; 2] = [b"trusted.overlay.", b"user.overlay."];
-
-/// Tags the temporary names of this process's view with `tag` (its local root's inode
-/// number): another layerfs whose local lies in this view then has temporary names of its
-/// own, which this one neither hides nor refuses. Only the first call counts.
-pub fn tag_temp_names(tag: u64) {
-    let _ = TEMP_PREFIX.set([TEMP_BASE, format!("{tag:x}.").as_bytes()].concat());
-}
-
-/// `.layerfs-tmp.<tag>.`: the prefix of the view's temporary names in local.
-pub fn temp_prefix() -> &'static [u8] {
-    TEMP_PREFIX.get().map_or(TEMP_BASE, Vec::as_slice)
-}
-
-/// The view's own bookkeeping in local (temporary files, the quota registry): never
-/// visible in the view, never creatable through it.
-pub fn is_reserved_name(name: &[u8]) -> bool {
-    name.starts_with(temp_prefix()) || name == REGISTRY_NAME
-}
 
 /// Whether the local entry `name` of `dir`, a directory of `zone`, is one of our
 /// whiteouts (`st` is its stat).

@@ -50,7 +50,6 @@ pub mod zone;
 use std::ffi::{CStr, OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -60,6 +59,7 @@ use parking_lot::RwLock;
 
 use crate::layout::LayoutIndex;
 use crate::quota::table::Quotas;
+pub use crate::store::open_root;
 use crate::store::{self, cname, creds, Kind};
 use inodes::{Identity, InodeTable, NewNode, ROOT_INO};
 pub use node::{DirFds, Layer, Node, NodeState};
@@ -768,13 +768,4 @@ fn virtual_identity(parent: &Node, name: &OsStr) -> Identity {
         parent: parent.ino,
         name: name.to_owned(),
     }
-}
-
-/// Opens the two roots of a view, refusing a root the daemon would follow out of.
-pub fn open_root(path: &Path) -> Result<OwnedFd, Errno> {
-    nix::fcntl::open(
-        path,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
 }
