@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{MountConfig, OPTIONS};
+use crate::config::{options, MountConfig};
 use crate::view::LinkStyle;
 
 #[derive(Debug, Parser)]
@@ -154,7 +154,7 @@ pub enum LinkStyleArg {
 }
 
 #[derive(Debug, Args)]
-#[command(after_help = OPTIONS)]
+#[command(after_help = options::help())]
 pub struct MountArgs {
     /// The shared read-only tree: an iSulad storage root (e.g. on NFS).
     #[arg(long, value_name = "DIR")]

@@ -269,7 +269,7 @@ fn help_lists_the_mount_options() {
         "local=DIR",
         "remote=DIR",
         "driver=NAME",
-        "link_style=STYLE",
+        "link_style=absolute|relative",
         "allow_other",
         "allow_root",
         "ro | rw",

@@ -2,47 +2,16 @@
 //!
 //! `layerfs mount` and the `mount.layerfs` helper both build a [`MountConfig`] through
 //! [`MountConfig::apply_options`], so an option means the same everywhere. Every option has
-//! a default that suits a container host; [`OPTIONS`] documents them for `--help`.
+//! a default that suits a container host; [`options::OPTIONS`] is the one table of them, from
+//! which the parser, `--help` and the README's table are made.
+
+pub mod options;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::view::LinkStyle;
-
-/// The `-o` options, as `--help` lists them.
-pub const OPTIONS: &str = "\
-mount options (-o a,b=c,...):
-  local=DIR            the local read-write directory (required unless --local is given)
-  remote=DIR           the remote read-only tree (the mount helper takes it as SOURCE)
-  driver=NAME          graph driver whose layout is synthesized [overlay]
-  link_style=STYLE     absolute (as iSulad writes them) or relative links [absolute]
-  allow_other          let every user use the mount (needed for containers)
-  allow_root           let root use the mount too
-  ro | rw              mount read-only or read-write [rw]
-  suid | dev           honour set-user-ID bits / device nodes in the view [nosuid,nodev]
-  threads=N            threads serving requests [one per CPU, at least 2]
-  remote_threads=N     threads serving the requests that need the remote, which wait
-                       for it as on an NFS hard mount while the others go on [32]
-  refresh=SECS         seconds between refresh rounds of the remote; 0 = only on demand
-                       (`layerfs refresh`, SIGUSR1); a suffix s or ms is accepted [5]
-  scan_timeout=SECS    how long a scan of the remote may take before the remote counts
-                       as not answering [30]
-  hide_unhealthy       hide remote layers and images while the remote does not answer
-                       (default: keep serving what was last seen)
-  noinotify            never watch the remote with inotify (it is watched only when it
-                       is a local filesystem and refresh is not 0)
-  passthrough | nopassthrough
-                       let the kernel do file I/O directly where it can [passthrough]
-  entry_timeout=SECS   how long the kernel caches names [3600]
-  attr_timeout=SECS    how long the kernel caches attributes [3600]
-  log_file=PATH        where a detached daemon logs [the journal when detached]
-  log=LEVEL            error, warn, info, debug, trace, or a RUST_LOG-style filter [info]
-  fsname=NAME          the source shown in /proc/mounts [the remote path]
-  quota_errno=ERRNO    what a write over a quota fails with: enospc or edquot [enospc]
-  metrics=ADDR:PORT    serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics;
-                       port 0 picks a free port (`layerfs status` shows it) [off]
-  default_permissions  accepted; always on (the kernel checks permissions)";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MountConfig {
@@ -125,110 +94,9 @@ impl MountConfig {
         Ok(())
     }
 
+    /// Applies one option, `key` or `key=value`.
     pub fn apply_option(&mut self, opt: &str) -> Result<()> {
-        let (key, value) = match opt.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (opt, None),
-        };
-        let need = |v: Option<&str>| -> Result<String> {
-            match v {
-                Some(v) if !v.is_empty() => Ok(v.to_owned()),
-                _ => Err(bad(opt, "needs a value")),
-            }
-        };
-        match (key, value) {
-            ("local", v) => self.local = PathBuf::from(need(v)?),
-            ("remote", v) => self.remote = PathBuf::from(need(v)?),
-            ("driver", v) => self.driver = parse_driver(opt, &need(v)?)?,
-            ("link_style", v) => {
-                self.link_style = match need(v)?.as_str() {
-                    "absolute" => LinkStyle::Absolute,
-                    "relative" => LinkStyle::Relative,
-                    _ => return Err(bad(opt, "must be 'absolute' or 'relative'")),
-                }
-            }
-            ("allow_other", None) => self.allow_other = true,
-            ("allow_root", None) => self.allow_root = true,
-            ("ro", None) => self.read_only = true,
-            ("rw", None) => self.read_only = false,
-            ("suid", None) => self.suid = true,
-            ("nosuid", None) => self.suid = false,
-            ("dev", None) => self.dev = true,
-            ("nodev", None) => self.dev = false,
-            ("default_permissions", None) => {}
-            ("passthrough", None) => self.passthrough = true,
-            ("nopassthrough", None) => self.passthrough = false,
-            ("threads", v) => {
-                self.threads = match need(v)?.parse::<usize>() {
-                    Ok(n) if (1..=256).contains(&n) => n,
-                    _ => return Err(bad(opt, "must be a number from 1 to 256")),
-                }
-            }
-            ("remote_threads", v) => {
-                self.remote_threads = match need(v)?.parse::<usize>() {
-                    Ok(n) if (1..=1024).contains(&n) => n,
-                    _ => return Err(bad(opt, "must be a number from 1 to 1024")),
-                }
-            }
-            ("entry_timeout", v) => self.entry_timeout = parse_secs(opt, &need(v)?)?,
-            ("attr_timeout", v) => self.attr_timeout = parse_secs(opt, &need(v)?)?,
-            ("refresh", v) => self.refresh = parse_duration(opt, &need(v)?)?,
-            ("scan_timeout", v) => {
-                self.scan_timeout = parse_duration(opt, &need(v)?)?;
-                if self.scan_timeout.is_zero() {
-                    return Err(bad(opt, "must be more than 0 seconds"));
-                }
-            }
-            ("hide_unhealthy", None) => self.hide_unhealthy = true,
-            ("inotify", None) => self.inotify = true,
-            ("noinotify", None) => self.inotify = false,
-            ("log_file", v) => self.log_file = Some(PathBuf::from(need(v)?)),
-            ("log", v) => {
-                let level = need(v)?;
-                if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
-                    return Err(bad(
-                        opt,
-                        "must be a log level (error, warn, info, debug, trace) or a filter",
-                    ));
-                }
-                self.log_level = Some(level);
-            }
-            ("fsname", v) => self.fsname = Some(need(v)?),
-            ("quota_errno" | "quota-errno", v) => {
-                self.quota_errno = match need(v)?.to_ascii_lowercase().as_str() {
-                    "enospc" => nix::errno::Errno::ENOSPC,
-                    "edquot" => nix::errno::Errno::EDQUOT,
-                    _ => return Err(bad(opt, "must be 'enospc' or 'edquot'")),
-                }
-            }
-            ("metrics", v) => {
-                self.metrics = Some(need(v)?.parse().map_err(|_| {
-                    bad(
-                        opt,
-                        "must be IP:PORT, e.g. 127.0.0.1:9100 or [::]:9100 (port 0: any free port)",
-                    )
-                })?)
-            }
-            (
-                "allow_other"
-                | "allow_root"
-                | "ro"
-                | "rw"
-                | "suid"
-                | "nosuid"
-                | "dev"
-                | "nodev"
-                | "default_permissions"
-                | "passthrough"
-                | "nopassthrough"
-                | "hide_unhealthy"
-                | "inotify"
-                | "noinotify",
-                Some(_),
-            ) => return Err(bad(opt, "takes no value")),
-            _ => return Err(Error::UnknownOption(opt.to_owned())),
-        }
-        Ok(())
+        options::apply(self, opt)
     }
 
     /// Checks everything that can be checked before mounting, so that a bad configuration
@@ -451,7 +319,7 @@ mod tests {
             let err = c.apply_options(opt).unwrap_err().to_string();
             assert!(err.contains(opt), "{opt}: {err}");
         }
-        assert!(OPTIONS.contains("metrics=ADDR:PORT"));
+        assert!(options::help().contains("metrics=ADDR:PORT"));
     }
 
     #[test]
