@@ -1,0 +1,100 @@
+//! Directory handles: a listing is read once per open and served from the handle.
+
+use super::*;
+
+impl Core {
+    pub(super) fn opendir(&self, ino: INodeNo, reply: ReplyOpen) {
+        let node = tri!(reply, self.view.node(ino.0));
+        if !node.is_dir() {
+            return reply.error(errno(Errno::ENOTDIR));
+        }
+        let fh = self.handles.insert(Handle::Dir(DirHandle {
+            ino: ino.0,
+            entries: Mutex::new(Arc::new(Vec::new())),
+        }));
+        // The kernel may keep a listing across opens, as it keeps names: a directory's
+        // entries change only through this mount (which bumps the directory's version, and
+        // that drops the cached listing) or through a refresh, which invalidates the
+        // directories whose entries it changes (see `refresh::invalidate`).
+        let cache = if self.timeouts.entry.is_zero() {
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        };
+        reply.opened(FileHandle(fh), cache);
+    }
+
+    pub(super) fn readdir(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(handle) = self.handles.get(fh.0) else {
+            return reply.error(errno(Errno::EBADF));
+        };
+        let Some(dir) = handle.as_dir() else {
+            return reply.error(errno(Errno::EBADF));
+        };
+        // Offset 0 is an opendir or a rewind: take a fresh listing.
+        let entries = if offset == 0 {
+            let node = tri!(reply, self.view.node(ino.0));
+            let listing = Arc::new(tri!(reply, self.view.list(&node)));
+            *dir.entries.lock() = listing.clone();
+            listing
+        } else {
+            dir.entries.lock().clone()
+        };
+        let parent = self
+            .view
+            .node(ino.0)
+            .ok()
+            .and_then(|n| n.primary())
+            .map_or(ino.0, |(p, _)| p.ino);
+        // Offsets: 1 is after ".", 2 after "..", 3 + i after entries[i].
+        let dots = [(".", ino.0), ("..", parent)];
+        for (i, (name, dot_ino)) in dots.iter().enumerate().skip(offset as usize) {
+            if reply.add(
+                INodeNo(*dot_ino),
+                i as u64 + 1,
+                fuser::FileType::Directory,
+                name,
+            ) {
+                return reply.ok();
+            }
+        }
+        let skip = (offset as usize).saturating_sub(2);
+        for (i, e) in entries.iter().enumerate().skip(skip) {
+            if reply.add(INodeNo(e.ino), (i + 3) as u64, file_type(e.kind), &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    pub(super) fn releasedir(&self, fh: FileHandle, reply: ReplyEmpty) {
+        self.handles.remove(fh.0);
+        reply.ok();
+    }
+
+    pub(super) fn fsyncdir(&self, ino: INodeNo, datasync: bool, reply: ReplyEmpty) {
+        let node = tri!(reply, self.view.node(ino.0));
+        if let Some(local) = node.dir_fds().local {
+            let dir = tri!(
+                reply,
+                crate::store::reopen(
+                    local.as_fd(),
+                    nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY
+                )
+            );
+            let res = if datasync {
+                nix::unistd::fdatasync(dir.as_fd())
+            } else {
+                nix::unistd::fsync(dir.as_fd())
+            };
+            tri!(reply, res);
+        }
+        reply.ok();
+    }
+}

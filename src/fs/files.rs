@@ -1,0 +1,333 @@
+//! Open files: opens (and the passthrough each gets), I/O through the daemon, release and sync.
+
+use super::*;
+
+impl Core {
+    /// How an open is served, and what it holds of its quota. Reads never allocate, so a
+    /// read-only open gets passthrough anywhere. One that may write gets it only outside
+    /// quota roots; under one, its writes go through the daemon, uncached, naming the
+    /// inode's backing file where readers gave it one (see `backing`, and
+    /// [`crate::view::View::hold_holes`] for what such a writer holds). `None`: the
+    /// kernel's inode has a backing file of another layer (see `backing`).
+    fn grant(
+        &self,
+        node: &Arc<Node>,
+        fd: &OwnedFd,
+        layer: Layer,
+        writes: bool,
+        open: impl FnOnce(&OwnedFd) -> std::io::Result<fuser::BackingId>,
+    ) -> Result<Option<Granted>, Errno> {
+        let free = !writes || self.view.may_bypass(node);
+        let grant = self.backing.acquire(
+            node.ino,
+            layer,
+            self.passthrough.load(Ordering::Relaxed) && free,
+            writes && !free,
+            || open(fd),
+        );
+        if writes && free && !matches!(grant, Some(Grant::Passthrough(_))) {
+            self.view.bypass_refused(node);
+        }
+        let Some(grant) = grant else {
+            return Ok(None);
+        };
+        let held = match grant {
+            Grant::Direct(_) => match self.view.hold_holes(node, fd.as_fd()) {
+                Ok(held) => held,
+                Err(e) => {
+                    self.backing.release(node.ino);
+                    return Err(e);
+                }
+            },
+            _ => None,
+        };
+        Ok(Some(Granted { grant, held }))
+    }
+
+    /// The local copy of a remote file `file` opened before it was copied up, once it has
+    /// one: reads through the daemon share the kernel's page cache with writers of the copy,
+    /// so they must read the copy too (as kernel overlayfs redirects them).
+    fn copy_of(&self, file: &OpenFile) -> Result<Option<Arc<OwnedFd>>, Errno> {
+        if file.layer != Layer::Remote || file.node.layer() != Layer::Local {
+            return Ok(None);
+        }
+        let mut copy = file.copy.lock();
+        if copy.is_none() {
+            *copy = Some(Arc::new(self.view.reopen(&file.node, libc::O_RDONLY)?));
+        }
+        Ok(copy.clone())
+    }
+
+    /// Records an open and what it was granted; returns its handle number and the grant,
+    /// for the reply.
+    fn opened(
+        &self,
+        node: &Arc<Node>,
+        fd: OwnedFd,
+        layer: Layer,
+        writes: bool,
+        created: bool,
+        Granted { grant, held }: Granted,
+    ) -> (u64, Grant) {
+        // A shared writable mapping of this open changes the file where the daemon cannot
+        // see it: from now on the kernel trusts its attributes for a tick only. A file just
+        // created is new to the kernel, which takes its attributes from the reply.
+        let maps_writes = writes && matches!(grant, Grant::Passthrough(_) | Grant::Direct(_));
+        let bypasses = writes && matches!(grant, Grant::Passthrough(_));
+        self.view.opened(node, maps_writes);
+        if maps_writes && !created {
+            self.notices.drop_attributes(node.ino);
+        }
+        let fh = self.handles.insert(Handle::File(OpenFile {
+            node: node.clone(),
+            bypasses,
+            maps_writes,
+            fd,
+            layer,
+            mode: grant.mode(),
+            copy: Mutex::new(None),
+            _held: held,
+        }));
+        (fh, grant)
+    }
+
+    pub(super) fn open(&self, req: Who, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let node = tri!(reply, self.view.node(ino.0));
+        let (fd, layer) = tri!(reply, self.view.open(&node, flags.0));
+        // `FUSE_ATOMIC_O_TRUNC`: the kernel leaves the set-ID bits of a truncating open to us.
+        if flags.0 & libc::O_TRUNC != 0 && req.uid() != 0 {
+            tri!(reply, self.view.drop_privileges(&node, caller(req)));
+        }
+        let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
+        let who = caller(req);
+        let granted = self.grant(&node, &fd, layer, writes, |fd| {
+            backing_as(who, layer, || reply.open_backing(fd))
+        });
+        let Some(granted) = tri!(reply, granted) else {
+            // The kernel's inode is bound to the remote copy it had before a copy-up, and
+            // would map it: the node goes, and the kernel, told the open is stale, looks
+            // the name up again and gets a new node for the copy.
+            for (parent, name) in self.view.detach(&node) {
+                self.notices.drop_name(parent, name);
+            }
+            return reply.error(errno(Errno::ESTALE));
+        };
+        let (fh, grant) = self.opened(&node, fd, layer, writes, false, granted);
+        let fopen = open_flags(&grant);
+        match &grant {
+            // The kernel wants every open of an inode with a backing file to name it.
+            Grant::Passthrough(id) | Grant::Direct(id) => {
+                reply.opened_passthrough(FileHandle(fh), fopen, id)
+            }
+            Grant::Cached | Grant::Uncached => reply.opened(FileHandle(fh), fopen),
+        }
+    }
+
+    pub(super) fn read(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(errno(Errno::EBADF));
+        };
+        let copy = tri!(reply, self.copy_of(file));
+        let fd = copy.as_deref().unwrap_or(&file.fd).as_fd();
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match nix::sys::uio::pread(
+                fd,
+                &mut buf[done..],
+                (offset as usize + done) as libc::off_t,
+            ) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
+        reply.data(&buf[..done]);
+    }
+
+    pub(super) fn write(
+        &self,
+        req: Who,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        reply: ReplyWrite,
+    ) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(errno(Errno::EBADF));
+        };
+        let who = caller(req);
+        // Direct-I/O writes by a caller without CAP_FSETID come with this instead of a
+        // SETATTR.
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            tri!(reply, self.view.drop_privileges(&file.node, who));
+        }
+        let done = tri!(
+            reply,
+            self.view
+                .write_at(&file.node, file.fd.as_fd(), offset, data, who)
+        );
+        reply.written(done as u32);
+    }
+
+    pub(super) fn release(&self, fh: FileHandle, reply: ReplyEmpty) {
+        if let Some(handle) = self.handles.remove(fh.0) {
+            if let Some(file) = handle.as_file() {
+                self.backing.release(file.node.ino);
+                // What the kernel holds of a file written through a mapping lives a tick
+                // (`MAPPED_WRITER_TTL`), so it is read again anyway: nothing to drop here.
+                self.view
+                    .released(&file.node, file.fd.as_fd(), file.bypasses, file.maps_writes);
+            }
+        }
+        reply.ok();
+    }
+
+    pub(super) fn fsync(&self, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(errno(Errno::EBADF));
+        };
+        let res = if datasync {
+            nix::unistd::fdatasync(file.fd.as_fd())
+        } else {
+            nix::unistd::fsync(file.fd.as_fd())
+        };
+        tri!(reply, res);
+        self.view.resettle(&file.node, file.fd.as_fd());
+        reply.ok();
+    }
+
+    pub(super) fn create(
+        &self,
+        who: Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (entry, fd) = tri!(reply, self.view.create(parent.0, name, mode, flags, who));
+        let layer = crate::view::Layer::Local;
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let granted = self.grant(&entry.node, &fd, layer, writes, |fd| {
+            backing_as(who, layer, || reply.open_backing(fd))
+        });
+        // A new object has no other open to be bound to.
+        let granted = tri!(reply, granted).unwrap_or(Granted {
+            grant: Grant::Uncached,
+            held: None,
+        });
+        let (fh, grant) = self.opened(&entry.node, fd, layer, writes, true, granted);
+        let fopen = open_flags(&grant);
+        let attr = file_attr(&entry.stat);
+        let ttl = self.attr_ttl(&entry.node);
+        match &grant {
+            Grant::Passthrough(id) | Grant::Direct(id) => {
+                reply.created_passthrough(&ttl, &attr, Generation(0), FileHandle(fh), fopen, id)
+            }
+            Grant::Cached | Grant::Uncached => {
+                reply.created(&ttl, &attr, Generation(0), FileHandle(fh), fopen)
+            }
+        }
+    }
+
+    pub(super) fn fallocate(
+        &self,
+        req: Who,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(errno(Errno::EBADF));
+        };
+        tri!(
+            reply,
+            self.view.fallocate_at(
+                &file.node,
+                file.fd.as_fd(),
+                mode,
+                offset,
+                length,
+                caller(req)
+            )
+        );
+        reply.ok();
+    }
+
+    pub(super) fn lseek(&self, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let handle = tri!(reply, self.file(fh));
+        let Some(file) = handle.as_file() else {
+            return reply.error(errno(Errno::EBADF));
+        };
+        let copy = tri!(reply, self.copy_of(file));
+        let fd = copy.as_deref().unwrap_or(&file.fd);
+        let res = unsafe { libc::lseek(fd.as_raw_fd(), offset as libc::off_t, whence) };
+        let pos = tri!(reply, Errno::result(res));
+        reply.offset(pos);
+    }
+
+    /// `from` and `to`: an open file and an offset in it.
+    pub(super) fn copy_file_range(
+        &self,
+        req: Who,
+        from: (FileHandle, u64),
+        to: (FileHandle, u64),
+        len: u64,
+        reply: ReplyWrite,
+    ) {
+        let ((fh_in, offset_in), (fh_out, offset_out)) = (from, to);
+        let (src, dst) = (
+            tri!(reply, self.file(fh_in)),
+            tri!(reply, self.file(fh_out)),
+        );
+        let (Some(src), Some(dst)) = (src.as_file(), dst.as_file()) else {
+            return reply.error(errno(Errno::EBADF));
+        };
+        let n = tri!(
+            reply,
+            self.view.copy_range_at(
+                &dst.node,
+                (src.fd.as_fd(), offset_in),
+                (dst.fd.as_fd(), offset_out),
+                len,
+                caller(req),
+            )
+        );
+        reply.written(n as u32);
+    }
+}
+
+/// What an open was granted: its I/O mode, and the quota it holds while open.
+struct Granted {
+    grant: Grant,
+    held: Option<Held>,
+}
+
+/// Registers a passthrough backing file. The kernel writes through it later with the
+/// credentials it was registered with, so a local file is registered as the caller:
+/// allocations by passthrough writes then meet local's reserved blocks as the caller's would.
+/// Remote files keep the daemon's: a network filesystem checks every read against them.
+fn backing_as<T>(who: Caller, layer: Layer, register: impl FnOnce() -> T) -> T {
+    match layer {
+        Layer::Local => creds::run_as(who.acting(), register),
+        _ => register(),
+    }
+}
+
+/// How the kernel is to cache an open file's data.
+fn open_flags(grant: &Grant) -> FopenFlags {
+    match grant {
+        Grant::Passthrough(_) => FopenFlags::empty(),
+        Grant::Cached => FopenFlags::FOPEN_KEEP_CACHE,
+        Grant::Direct(_) | Grant::Uncached => FopenFlags::FOPEN_DIRECT_IO,
+    }
+}
