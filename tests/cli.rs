@@ -10,25 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Pids of live processes whose command line has `arg` as one of its arguments.
-fn processes_with_arg(arg: &Path) -> Vec<u32> {
-    let want = arg.as_os_str().as_encoded_bytes();
-    let mut pids = Vec::new();
-    for e in fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        // A zombie's (or a vanished process's) command line reads empty.
-        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        if cmdline.split(|b| *b == 0).any(|a| a == want) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
 /// Unmounts `mnt` on drop if a command that should have failed mounted it anyway.
 struct NoMountGuard(PathBuf);
 

@@ -112,31 +112,13 @@ fn assert_ok(out: &Output, what: &str) {
     assert!(out.status.success(), "{what}: {}", stderr(out));
 }
 
-/// Pids of live processes with `arg` as one of their arguments.
-fn processes_with_arg(arg: &Path) -> Vec<i32> {
-    let want = arg.as_os_str().as_encoded_bytes();
-    let mut pids = Vec::new();
-    for e in fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        if cmdline.split(|b| *b == 0).any(|a| a == want) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
 /// Kills the daemon of the mount at `mnt` with SIGKILL, as a crash would, and waits until
 /// its mount is dead (`ENOTCONN`).
 fn kill_daemon_of(mnt: &Path) {
     let pids = processes_with_arg(mnt);
     assert_eq!(pids.len(), 1, "daemons for {}: {pids:?}", mnt.display());
     // SAFETY: signalling a daemon this test started.
-    assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
+    assert_eq!(unsafe { libc::kill(pids[0] as i32, libc::SIGKILL) }, 0);
     eventually(20, "the mount to be dead", || {
         stat_errno(mnt) == Some(libc::ENOTCONN)
     });

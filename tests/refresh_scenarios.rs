@@ -1322,19 +1322,27 @@ fn two_images() -> (Layer, Layer, Image, Image) {
     (base, top, x, y)
 }
 
+/// The images of [`two_images`], written by the writer host and shown after one round.
+fn two_images_shown(m: &mut Mount) -> (Layer, Layer, Image, Image) {
+    let (base, top, x, y) = two_images();
+    writer(
+        m,
+        concat([base.create(), top.create(), x.create(), y.create()]),
+    );
+    refresh(m);
+    expect_view(m, &[&base, &top], &[&x, &y], &ALL_OF_TWO_IMAGES);
+    (base, top, x, y)
+}
+
+const ALL_OF_TWO_IMAGES: [&str; 4] = ["rm-base", "rm-top", "rm-x", "rm-y"];
+
 /// Scenario 8a: An image and its unused layer removed by the writer: gone after one round, the
 /// shared layer stays, nothing dangles.
 #[test]
 fn an_image_removal_takes_its_unused_layers_in_one_round() {
     let mut m = mount();
-    let (base, top, x, y) = two_images();
+    let (base, top, x, y) = two_images_shown(&mut m);
     let (layers, images) = ([&base, &top], [&x, &y]);
-    writer(
-        &mut m,
-        concat([base.create(), top.create(), x.create(), y.create()]),
-    );
-    refresh(&m);
-    expect_view(&m, &layers, &images, &["rm-base", "rm-top", "rm-x", "rm-y"]);
     warm(&m, &layers, &images);
 
     // `isula rmi x`: the image, then its layers from the top while unused.
@@ -1353,15 +1361,8 @@ fn an_image_removal_takes_its_unused_layers_in_one_round() {
 #[test]
 fn an_image_removal_step_by_step_never_leaves_a_dangling_link() {
     let mut m = mount();
-    let (base, top, x, y) = two_images();
+    let (base, top, x, y) = two_images_shown(&mut m);
     let (layers, images) = ([&base, &top], [&x, &y]);
-    writer(
-        &mut m,
-        concat([base.create(), top.create(), x.create(), y.create()]),
-    );
-    refresh(&m);
-    let all = ["rm-base", "rm-top", "rm-x", "rm-y"];
-    expect_view(&m, &layers, &images, &all);
 
     let steps: Vec<(Vec<Op>, &[&str])> = vec![
         (x.remove(), &["rm-base", "rm-top", "rm-y"]),
@@ -1664,14 +1665,8 @@ fn a_local_entry_named_like_a_remote_object_wins() {
 #[test]
 fn objects_removed_while_unmounted_are_gone_after_remount() {
     let mut m = mount();
-    let (base, top, x, y) = two_images();
+    let (base, top, x, y) = two_images_shown(&mut m);
     let (layers, images) = ([&base, &top], [&x, &y]);
-    writer(
-        &mut m,
-        concat([base.create(), top.create(), x.create(), y.create()]),
-    );
-    refresh(&m);
-    expect_view(&m, &layers, &images, &["rm-base", "rm-top", "rm-x", "rm-y"]);
     // The host looked them up: the kernel held them until the unmount.
     warm(&m, &layers, &images);
 

@@ -885,3 +885,22 @@ pub fn cli(args: &[&str], mnt: &Path) -> Output {
         .output()
         .expect("run layerfs")
 }
+
+/// Pids of live processes whose command line has `arg` as one of its arguments.
+pub fn processes_with_arg(arg: &Path) -> Vec<u32> {
+    let want = arg.as_os_str().as_encoded_bytes();
+    let mut pids = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        // A zombie's (or a vanished process's) command line reads empty.
+        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline.split(|b| *b == 0).any(|a| a == want) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
