@@ -1,12 +1,22 @@
 //! layerfs: a FUSE filesystem that lets many container hosts share one read-only tree of
 //! image layers while each keeps its own read-write data locally.
 //!
-//! The data path: [`fs`] (FUSE glue) → [`view`] (union of local over remote, and the
-//! synthesized iSulad remote-RO layout) → [`store`] (safe access to the trees on disk).
-//! [`layout`] scans the remote tree into the index of ready layers and images the view
-//! shows. [`config`] holds a mount's options, [`mount`] serves one, [`daemon`] detaches.
-//! [`control`] answers `layerfs status`, `refresh`, `layers` and `images` over a mount's
-//! socket. [`metrics`] serves Prometheus metrics with `-o metrics=ADDR:PORT`.
+//! The layers, each depending only on those before it (no module imports one after it):
+//!
+//! 1. [`store`]: syscalls on the two trees, no-follow and by handle; [`layout`]: the remote
+//!    iSulad tree scanned into the index of ready layers and images.
+//! 2. [`report`]: the plain facts a mount reports; [`quota`]: limits, accounting and the
+//!    containerd-style storage decision.
+//! 3. [`view`]: the union of local over remote and the synthesized remote-RO layout.
+//! 4. [`fs`]: the FUSE glue, requests to view calls; [`refresh`]: rescans the remote, swaps
+//!    the index and tells the kernel what to forget; [`metrics`]: counters and the
+//!    Prometheus endpoint.
+//! 5. The edge: [`config`] (options), [`mount`], [`launch`], [`daemon`], [`local_lock`],
+//!    [`logging`] and [`error`] (starting and serving a mount), [`control`] (the control
+//!    socket and the commands that use it), [`cli`].
+//!
+//! The core never depends on [`control`]: the control server calls the mount through
+//! [`control::MountControl`] and carries [`report`] types as they are.
 
 pub mod cli;
 pub mod config;
