@@ -410,10 +410,17 @@ impl Images {
     {
         let images = Arc::clone(self);
         let owned = name.to_owned();
+        let asked = cancel.clone();
         self.jobs.start_cancellable(name, (), cancel, async move {
             let result = job.await;
             match &result {
                 Ok(()) => tracing::info!(image = %owned, "backing image ready"),
+                Err(_) if asked.as_ref().is_some_and(Cancel::is_cancelled) => {
+                    tracing::info!(image = %owned, "backing image preparation cancelled");
+                    if let Err(e) = images.store.remove(&owned) {
+                        tracing::warn!(image = %owned, error = %e, "cannot remove cancelled image");
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(image = %owned, error = %e, "backing image failed");
                     if let Err(e) = images.store.remove(&owned) {

@@ -136,6 +136,7 @@ impl<T: Clone + Send + Sync + 'static> JobSet<T> {
         F: Future<Output = Result<()>> + Send + 'static,
     {
         let (tx, rx) = watch::channel(None);
+        let asked = cancel.clone();
         lock(&self.running).insert(
             name.to_owned(),
             Entry {
@@ -153,7 +154,11 @@ impl<T: Clone + Send + Sync + 'static> JobSet<T> {
         };
         tokio::spawn(async move {
             let outcome = job.await.map_err(|e| {
-                tracing::warn!(job = %finish.name, error = %e, "job failed");
+                if asked.as_ref().is_some_and(Cancel::is_cancelled) {
+                    tracing::debug!(job = %finish.name, "job cancelled");
+                } else {
+                    tracing::warn!(job = %finish.name, error = %e, "job failed");
+                }
                 Failure::from(&e)
             });
             finish.outcome.replace(outcome);
@@ -245,6 +250,25 @@ mod tests {
         }
         assert!(!set.running("a"));
         assert!(matches!(set.wait("a", later).await, JobWait::NotRunning));
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_job_stops_and_says_so() {
+        let set: Arc<JobSet<()>> = Arc::default();
+        let cancel = Cancel::default();
+        let job_cancel = cancel.clone();
+        set.start_cancellable("c", (), Some(cancel), async move {
+            job_cancel.cancelled().await;
+            Err(job_cancel.error())
+        });
+        assert!(!set.cancel("other"));
+        assert!(set.cancel("c"));
+        let later = Instant::now() + Duration::from_secs(5);
+        assert!(matches!(
+            set.wait("c", later).await,
+            JobWait::Done(Err(CsiError::Aborted(_)))
+        ));
+        assert!(!set.running("c"));
     }
 
     #[tokio::test]

@@ -2089,3 +2089,69 @@ async fn restore_survives_restarts() {
     c.delete_volume(&vol).await;
     assert_no_snapshot_left(&server);
 }
+
+/// The driver is stopped (`signal`) while CreateSnapshot is still cutting the volume. After
+/// a SIGKILL no CreateSnapshot returned that snapshot, so nothing of it is left and the CO's
+/// retry cuts the volume as it is then. A SIGTERM lets the call in flight finish: when it
+/// returned the snapshot, that cut is what the image is made of after the restart.
+async fn cut_interrupted(signal: i32) {
+    let mut server = Server::start();
+    let mut c = server.clients().await;
+    let work = server.path().join("targets");
+    let vol = c
+        .create_volume(volume_req("pvc-cut", 48 * MIB, None))
+        .await
+        .expect("CreateVolume");
+    // Much real data: the copy of the cut takes a while.
+    let before = pattern(32 * MIB as usize, 21);
+    c.write_block(&vol.volume_id, &work, 0, &before).await;
+    let req = snapshot_req("snap-cut", &vol.volume_id, "raw");
+    let mut creator = server.clients().await;
+    let creating = {
+        let req = req.clone();
+        tokio::spawn(async move { creator.snapshot(req).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_of(&server, "snap-cut").is_none() {
+        assert!(Instant::now() < deadline, "the cut never started");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    server.restart(signal);
+    let returned = creating.await.unwrap();
+    if signal == libc::SIGKILL {
+        assert!(returned.is_err(), "the cut was interrupted");
+    }
+    let mut c = server.clients().await;
+    let now = pattern(MIB as usize, 22);
+    let mut want = before.clone();
+    match &returned {
+        Ok(_) => {}
+        Err(_) => {
+            assert_no_snapshot_left(&server);
+            want[..now.len()].copy_from_slice(&now);
+        }
+    }
+    c.write_block(&vol.volume_id, &work, 0, &now).await;
+    let snap = c.snapshot_ready(req).await;
+    if let Ok(first) = &returned {
+        assert_eq!(snap.creation_time, first.creation_time);
+    }
+    let image = server.images_dir().join("snap-cut.img");
+    assert_eq!(
+        sha512_of_file(&image),
+        sha512_of_disk(48 * MIB as usize, &want)
+    );
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    c.delete_volume(&vol.volume_id).await;
+    assert_no_snapshot_left(&server);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_interrupted_by_sigkill_leaves_nothing() {
+    cut_interrupted(libc::SIGKILL).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_interrupted_by_sigterm() {
+    cut_interrupted(libc::SIGTERM).await;
+}
