@@ -521,7 +521,15 @@ impl Images {
     /// a new job for that name from starting meanwhile; a job stops within milliseconds of
     /// being told (it kills its child process), so the lock is not held long.
     pub async fn delete(&self, name: &str) -> Result<()> {
-        if self.jobs.cancel(name) {
+        let cancelled = self.jobs.cancel(name);
+        // A download cannot be cancelled yet: removing its state under it could race its
+        // final rename and bring the image back.
+        if !cancelled && self.jobs.running(name) {
+            return Err(CsiError::Aborted(format!(
+                "backing image {name} is still being downloaded; retry later"
+            )));
+        }
+        if cancelled {
             tracing::info!(image = %name, "cancelling the preparation of a deleted image");
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
             if let JobWait::Pending = self.jobs.wait(name, deadline).await {
