@@ -191,6 +191,51 @@ fn sync_file(path: &Path) -> Result<()> {
         .map_err(|e| CsiError::io(format!("syncing {}", path.display()), e))
 }
 
+/// Start-up: thaws the filesystem mounted at `target` if it is the one on `device` and is
+/// frozen. A driver killed during a cut never thawed what it froze, and every writer of that
+/// volume would hang until someone did.
+pub fn thaw_leftover(target: &Path, device: &Path) {
+    use std::os::unix::io::AsRawFd;
+    let dir = match open_mount_of(target, device) {
+        Ok(Some(dir)) => dir,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::debug!(target = %target.display(), error = %e, "not checking for a freeze");
+            return;
+        }
+    };
+    // SAFETY: as for FIFREEZE. EINVAL: it was not frozen, the usual case.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), FITHAW as _, 0) };
+    if rc == 0 {
+        tracing::warn!(target = %target.display(), "thawed a filesystem an interrupted cut left frozen");
+    }
+}
+
+/// The directory `target`, opened, if it is the root of a mount of `device`: freezing or
+/// thawing a directory that is no longer such a mount point would act on the host filesystem
+/// that holds it.
+fn open_mount_of(target: &Path, device: &Path) -> Result<Option<fs::File>> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let dir = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(target)
+    {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(CsiError::io(format!("opening {}", target.display()), e)),
+    };
+    let dev = fs::metadata(device).map_err(|e| CsiError::io(format!("{}", device.display()), e))?;
+    let here = dir
+        .metadata()
+        .map_err(|e| CsiError::io(format!("{}", target.display()), e))?;
+    if here.dev() != dev.rdev() {
+        tracing::info!(target = %target.display(), "not a mount of the volume any more");
+        return Ok(None);
+    }
+    Ok(Some(dir))
+}
+
 /// `_IOWR('X', 119, int)` and `_IOWR('X', 120, int)` from `linux/fs.h`.
 const FIFREEZE: u64 = 0xC004_5877;
 const FITHAW: u64 = 0xC004_5878;
@@ -202,33 +247,15 @@ struct Frozen {
 }
 
 impl Frozen {
-    /// Freezes the filesystem mounted at `target`, which must be the one on `device`: the
-    /// target is opened first and its device compared, because freezing a directory that is
-    /// no longer a mount point would freeze the host filesystem that holds it. The open
-    /// directory also keeps the mount from going away while frozen. `None` when `target` is no
+    /// Freezes the filesystem mounted at `target`, which must be the one on `device`
+    /// ([`open_mount_of`]). The open directory also keeps the mount from going away while frozen. `None` when `target` is no
     /// longer a mount of `device`, or when the filesystem is frozen already (another target
     /// of the same device was frozen first: they share one superblock).
     fn freeze(target: &Path, device: &Path) -> Result<Option<Frozen>> {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         use std::os::unix::io::AsRawFd;
-        let dir = match fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-            .open(target)
-        {
-            Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(CsiError::io(format!("opening {}", target.display()), e)),
-        };
-        let dev =
-            fs::metadata(device).map_err(|e| CsiError::io(format!("{}", device.display()), e))?;
-        let here = dir
-            .metadata()
-            .map_err(|e| CsiError::io(format!("{}", target.display()), e))?;
-        if here.dev() != dev.rdev() {
-            tracing::info!(target = %target.display(), "not a mount of the volume any more; not freezing it");
+        let Some(dir) = open_mount_of(target, device)? else {
             return Ok(None);
-        }
+        };
         // SAFETY: FIFREEZE takes no argument; the fd is open for the duration of the call.
         let rc = unsafe { libc::ioctl(dir.as_raw_fd(), FIFREEZE as _, 0) };
         if rc != 0 {

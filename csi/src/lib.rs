@@ -110,7 +110,10 @@ pub struct Driver {
     /// Volumes being restored from a BackingImage, with what their CreateVolume asked.
     pub restores: Arc<JobSet<VolumeMeta>>,
     /// Serializes controller state changes (claiming, creating and deleting volumes and
-    /// images). Never held across a copy: copies run as jobs ([`jobs`]).
+    /// images). Never held across a copy: copies run as jobs ([`jobs`]). Lock order: this
+    /// lock, then the job sets' own mutexes, which are only held to read or change their maps.
+    /// DeleteSnapshot waits under it for a cancelled image job to end; image jobs never take
+    /// it, so that wait cannot deadlock, and a cancelled job ends within milliseconds.
     pub controller_lock: tokio::sync::Mutex<()>,
     /// Serializes publish and unpublish on this node.
     pub node_lock: tokio::sync::Mutex<()>,
@@ -144,6 +147,19 @@ impl Driver {
             controller_lock: tokio::sync::Mutex::new(()),
             node_lock: tokio::sync::Mutex::new(()),
         }))
+    }
+
+    /// Start-up, before serving: thaws what a killed cut left frozen, then resumes or removes
+    /// what an earlier run left in the BackingImage directory ([`Images::recover`]).
+    pub fn recover(&self) -> Result<()> {
+        for volume in self.volumes.list()? {
+            for p in self.volumes.publications(&volume.id)? {
+                if !p.block {
+                    cut::thaw_leftover(&p.target, &p.device);
+                }
+            }
+        }
+        self.images.recover()
     }
 
     /// The topology segment of this node.

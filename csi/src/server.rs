@@ -33,7 +33,7 @@ pub async fn serve(config: Config) -> Result<()> {
     let path = socket_path(&config.endpoint)?;
     let driver = Driver::new(config)?;
     // Before serving: a CreateSnapshot retry must find the export of its cut running again.
-    driver.images.recover()?;
+    driver.recover()?;
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| CsiError::io(format!("creating {}", parent.display()), e))?;

@@ -2155,3 +2155,49 @@ async fn cut_interrupted_by_sigkill_leaves_nothing() {
 async fn cut_interrupted_by_sigterm() {
     cut_interrupted(libc::SIGTERM).await;
 }
+
+/// The driver is killed while a cut holds a published filesystem frozen: the next start-up
+/// thaws it, so the volume's writers do not hang forever.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filesystem_frozen_by_a_killed_cut_is_thawed_at_start_up() {
+    let mut server = Server::start();
+    let mut c = server.clients().await;
+    let vol = c
+        .create_volume(mount_volume_req("pvc-frozen", 96 * MIB))
+        .await
+        .expect("CreateVolume");
+    let target = server.path().join("targets/frozen");
+    c.publish_mount(&vol.volume_id, &target).await;
+    // Unsynced data: the freeze writes it out, which keeps the filesystem frozen a while.
+    fs::write(target.join("data"), pattern(64 * MIB as usize, 31)).unwrap();
+    let mut creator = server.clients().await;
+    let req = snapshot_req("snap-frozen", &vol.volume_id, "raw");
+    let creating = tokio::spawn(async move { creator.snapshot(req).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_of(&server, "snap-frozen").is_none() {
+        assert!(Instant::now() < deadline, "the cut never started");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    server.restart(libc::SIGKILL);
+    let _ = creating.await;
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let file = target.join("after");
+    std::thread::spawn(move || {
+        let _ = tx.send(fs::write(file, b"written after the restart"));
+    });
+    let written = rx.recv_timeout(Duration::from_secs(10));
+    if written.is_err() {
+        // Thaw it here, or cleaning up would hang too.
+        let _ = Command::new("fsfreeze").arg("-u").arg(&target).status();
+    }
+    assert!(
+        matches!(written, Ok(Ok(()))),
+        "the volume stayed frozen: {written:?}"
+    );
+    let mut c = server.clients().await;
+    c.unpublish(&vol.volume_id, &target).await;
+    c.delete_volume(&vol.volume_id).await;
+    assert_no_snapshot_left(&server);
+}
