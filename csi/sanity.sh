@@ -4,14 +4,15 @@
 #   csi/sanity.sh CSI_SANITY [mount|block] [LAYERFS_CSI]
 #
 # CSI_SANITY is a built csi-sanity binary (v5.2.0 and v5.4.0 are the versions checked; see
-# docs/csi.md). LAYERFS_CSI defaults to target/debug/layerfs-csi. Needs root (loop devices,
-# mounts). Everything lives in a temp dir that is removed afterwards, with the driver stopped
+# docs/csi.md). LAYERFS_CSI defaults to target/release/layerfs-csi (an unoptimized build may
+# checksum a fresh snapshot too slowly for csi-sanity, which never retries). Needs root (loop
+# devices, mounts). Everything lives in a temp dir that is removed afterwards, with the driver stopped
 # and its mounts and loop devices gone, also when csi-sanity fails. The exit status is
 # csi-sanity's.
 set -u
 sanity=${1:?usage: csi/sanity.sh CSI_SANITY [mount|block] [LAYERFS_CSI]}
 access=${2:-mount}
-driver=${3:-target/debug/layerfs-csi}
+driver=${3:-target/release/layerfs-csi}
 case $access in mount|block) ;; *) echo "access type must be mount or block" >&2; exit 2 ;; esac
 
 dir=$(mktemp -d /tmp/layerfs-sanity.XXXXXX)
