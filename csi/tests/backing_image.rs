@@ -2201,3 +2201,25 @@ async fn a_filesystem_frozen_by_a_killed_cut_is_thawed_at_start_up() {
     c.delete_volume(&vol.volume_id).await;
     assert_no_snapshot_left(&server);
 }
+
+/// At start-up a node removes its own temporaries from the shared BackingImage directory and
+/// leaves those of every other node alone, even one whose name starts with its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn start_up_removes_only_this_node_s_temporaries() {
+    let mut server = Server::start();
+    let dir = server.images_dir();
+    let own = [".tmp-node1~snap-a-123-4", ".tmp-node1~snap-b.json-123-5"];
+    let others = [".tmp-node1-b~snap-a-77-1", ".tmp-node2~snap-c-88-2"];
+    for name in own.iter().chain(&others) {
+        fs::write(dir.join(name), b"partial").unwrap();
+    }
+    fs::create_dir(dir.join(".tmp-node1~snap-d-123-6")).unwrap();
+    fs::write(dir.join(".tmp-node1~snap-d-123-6/snap-d"), b"partial").unwrap();
+    fs::create_dir_all(cuts_dir(&server)).unwrap();
+    fs::write(cuts_dir(&server).join("orphan.raw"), b"cut").unwrap();
+    server.restart(libc::SIGKILL);
+    let mut left = others.map(String::from).to_vec();
+    left.sort();
+    assert_eq!(entries(&dir), left);
+    assert_eq!(entries(&cuts_dir(&server)), Vec::<String>::new());
+}
