@@ -2039,10 +2039,9 @@ async fn export_survives_sigkill_and_leaves_nothing() {
 }
 
 /// A restore waiting for a snapshot still being exported, with the volume overwritten: the
-/// driver is killed during the export, then again during the restore. The restored volume
-/// holds the data of before the snapshot, and nothing is left over.
-#[tokio::test(flavor = "multi_thread")]
-async fn restore_survives_restarts() {
+/// driver is stopped (`signal`) during the export, then again during the restore. The
+/// restored volume holds the data of before the snapshot, and nothing is left over.
+async fn restore_survives(signal: i32) {
     let mut server = Server::start_with(&["--image-wait", "1"]);
     let mut c = server.clients().await;
     let work = server.path().join("targets");
@@ -2056,7 +2055,7 @@ async fn restore_survives_restarts() {
     let vreq = volume_req("pvc-dst", DISK, Some(&snap.snapshot_id));
     let err = c.create_volume(vreq.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::Aborted, "the export still runs: {err:?}");
-    server.restart(libc::SIGKILL);
+    server.restart(signal);
 
     // Start the restore with calls that give up at once, and kill the driver while it copies.
     let mut c = server.clients().await;
@@ -2072,7 +2071,7 @@ async fn restore_survives_restarts() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    server.restart(libc::SIGKILL);
+    server.restart(signal);
 
     let mut c = server.clients().await;
     let restored = c.create_volume_retrying(vreq).await.expect("CreateVolume");
@@ -2088,6 +2087,16 @@ async fn restore_survives_restarts() {
     c.delete_snapshot(&snap.snapshot_id).await.unwrap();
     c.delete_volume(&vol).await;
     assert_no_snapshot_left(&server);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_survives_restarts() {
+    restore_survives(libc::SIGKILL).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_survives_sigterm() {
+    restore_survives(libc::SIGTERM).await;
 }
 
 /// The driver is stopped (`signal`) while CreateSnapshot is still cutting the volume. After
