@@ -5,13 +5,16 @@
 //! - `<name>.json`: the state file (source type and parameters, checksums, sizes, creation time,
 //!   progress, ready). It is created exclusively, so two nodes never both prepare one image.
 //! - `<name>.img`: the image file. It appears, by rename, only once complete and verified.
-//! - `.tmp-<node>-<name>-…`: work in progress; never read as an image.
+//! - `.tmp-<node>~<name>…`: work in progress of `<node>`; never read as an image. The node
+//!   is in the name because the directory may be shared: at start-up a node removes its own
+//!   temporaries, which no job of it can still be writing, and never another node's.
 //!
 //! A job runs in the background. On success it renames the file into place and marks the state
 //! ready; on failure it removes the state and its temp file, and remembers the error so that
-//! the next call for that image reports it (nothing partial is left behind).
+//! the next call for that image reports it (nothing partial is left behind). An export is made
+//! from a durable cut ([`super::cut`]): after a restart, [`Images::recover`] resumes it from there.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,12 +23,13 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tonic::Code;
 
+use super::cut::{Cuts, Quiesce};
 use super::download;
 use super::error::{CsiError, Result};
-use super::export::{self, ImageInfo, Quiesce};
-use super::files::{self, read_json, write_json};
+use super::export::{self, ImageInfo};
+use super::files::{self, read_json, write_json_via, TMP_PREFIX};
 use super::handle::{BiHandle, KEY_EXPORT_TYPE, KEY_VOLUME_NAME, SOURCE_EXPORT};
-use super::jobs::{JobSet, JobWait};
+use super::jobs::{Cancel, JobSet, JobWait};
 use super::names::is_plain;
 
 /// How often an export's progress is logged and written to its state file.
@@ -95,16 +99,31 @@ impl ImageState {
     }
 }
 
-/// The images directory.
+/// The images directory, as seen by one node.
 pub struct ImageStore {
     dir: PathBuf,
+    node: String,
 }
 
+/// Separates the node from the rest of a temp name. Node ids never contain it (checked at
+/// start-up), so the temporaries of node `a` are never taken for those of node `a~b`... nor
+/// those of `a-b` for `a`'s.
+pub const NODE_END: char = '~';
+
 impl ImageStore {
-    pub fn open(dir: PathBuf) -> Result<ImageStore> {
+    pub fn open(dir: PathBuf, node: &str) -> Result<ImageStore> {
         fs::create_dir_all(&dir)
             .map_err(|e| CsiError::io(format!("creating {}", dir.display()), e))?;
-        Ok(ImageStore { dir })
+        Ok(ImageStore {
+            dir,
+            node: node.to_owned(),
+        })
+    }
+
+    /// Start-up: removes this node's temporaries, left by a run that was stopped or killed.
+    pub fn clean_own_temps(&self) {
+        let prefix = format!("{TMP_PREFIX}{}{NODE_END}", self.node);
+        files::clean_temps_with_prefix(&self.dir, &prefix);
     }
 
     pub fn dir(&self) -> &Path {
@@ -132,12 +151,12 @@ impl ImageStore {
         let path = self
             .state_path(&state.name)
             .ok_or_else(|| CsiError::InvalidArgument(format!("bad image name {:?}", state.name)))?;
-        let tmp = files::temp_path(&self.dir, &format!("{}-{}", state.node, state.name));
-        write_json(&tmp, state)?;
+        let tmp = self.temp(&self.node, &format!("{}.json", state.name));
+        write_json_via(&tmp, &self.temp(&self.node, &state.name), state)?;
         let result = fs::hard_link(&tmp, &path);
         let _ = fs::remove_file(&tmp);
         match result {
-            Ok(()) => Ok(true),
+            Ok(()) => files::sync_dir(&self.dir).map(|()| true),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(CsiError::io(format!("creating {}", path.display()), e)),
         }
@@ -147,7 +166,8 @@ impl ImageStore {
         let path = self
             .state_path(&state.name)
             .ok_or_else(|| CsiError::InvalidArgument(format!("bad image name {:?}", state.name)))?;
-        write_json(&path, state)
+        let tmp = self.temp(&self.node, &format!("{}.json", state.name));
+        write_json_via(&path, &tmp, state)
     }
 
     /// Removes the image file, then its state; missing parts are fine.
@@ -162,7 +182,7 @@ impl ImageStore {
                 Err(e) => return Err(CsiError::io(format!("removing {}", path.display()), e)),
             }
         }
-        Ok(())
+        files::sync_dir(&self.dir)
     }
 
     /// Every image with a readable state file, sorted by name.
@@ -190,7 +210,7 @@ impl ImageStore {
 
     /// A temp file name for work on `name` by `node`.
     pub fn temp(&self, node: &str, name: &str) -> PathBuf {
-        files::temp_path(&self.dir, &format!("{node}-{name}"))
+        files::temp_path(&self.dir, &format!("{node}{NODE_END}{name}"))
     }
 }
 
@@ -235,6 +255,8 @@ pub enum Wait {
 /// The images directory plus the jobs this node runs on it.
 pub struct Images {
     pub store: ImageStore,
+    /// This node's durable cuts, which its exports are made from.
+    pub cuts: Cuts,
     node: String,
     jobs: Arc<JobSet<()>>,
     users: Mutex<HashMap<String, usize>>,
@@ -258,6 +280,33 @@ impl Drop for UseGuard {
     }
 }
 
+/// A temp directory, removed with what it holds when dropped. A child process killed on
+/// cancellation may still create its output file for a moment after the kill: in a directory
+/// that is gone that fails, so nothing it writes outlives the job.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            match fs::remove_dir_all(&self.0) {
+                Ok(()) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+                // A file appeared between listing and removing the directory: again.
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+        tracing::warn!(path = %self.0.display(), "cannot remove temp directory");
+    }
+}
+
+/// Where an export starts.
+pub enum ExportFrom {
+    /// A volume that is still to be cut.
+    Volume { disk: PathBuf, quiesce: Quiesce },
+    /// The image's durable cut, taken by an earlier run.
+    Cut,
+}
+
 /// Removes a temp file when dropped, unless it was renamed into place.
 struct TempFile(Option<PathBuf>);
 
@@ -274,9 +323,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Images {
-    pub fn new(store: ImageStore, node: String) -> Images {
+    pub fn new(store: ImageStore, cuts: Cuts, node: String) -> Images {
         Images {
             store,
+            cuts,
             node,
             jobs: Arc::default(),
             users: Mutex::new(HashMap::new()),
@@ -351,12 +401,26 @@ impl Images {
     where
         F: std::future::Future<Output = Result<()>> + Send + 'static,
     {
+        self.spawn_cancellable(name, None, job)
+    }
+
+    fn spawn_cancellable<F>(self: &Arc<Self>, name: &str, cancel: Option<Cancel>, job: F)
+    where
+        F: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
         let images = Arc::clone(self);
         let owned = name.to_owned();
-        self.jobs.start(name, (), async move {
+        let asked = cancel.clone();
+        self.jobs.start_cancellable(name, (), cancel, async move {
             let result = job.await;
             match &result {
                 Ok(()) => tracing::info!(image = %owned, "backing image ready"),
+                Err(_) if asked.as_ref().is_some_and(Cancel::is_cancelled) => {
+                    tracing::info!(image = %owned, "backing image preparation cancelled");
+                    if let Err(e) = images.store.remove(&owned) {
+                        tracing::warn!(image = %owned, error = %e, "cannot remove cancelled image");
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(image = %owned, error = %e, "backing image failed");
                     if let Err(e) = images.store.remove(&owned) {
@@ -368,49 +432,151 @@ impl Images {
         });
     }
 
-    /// Starts cutting the volume `disk` (a point-in-time copy in `cut`, removed afterwards)
-    /// and exporting the copy to the image `state.name` in `export_type`. The state file
-    /// records when the cut is done ([`ImageState::cut`]) and the export's progress.
+    /// Starts the export of the image `state.name` in `export_type`: from a volume, which is
+    /// cut first ([`ImageState::cut`] records when the cut is durable), or from the cut an
+    /// earlier run took. The state file also records the export's progress. The job stops,
+    /// leaving nothing, when cancelled ([`Images::delete`]).
     pub fn start_export(
         self: &Arc<Self>,
         state: ImageState,
-        disk: PathBuf,
-        quiesce: Quiesce,
-        cut: PathBuf,
+        from: ExportFrom,
         export_type: String,
     ) {
         let images = Arc::clone(self);
         let name = state.name.clone();
-        self.spawn(&name, async move {
-            let cut = TempFile(Some(cut));
-            let src = cut.0.clone().unwrap_or_default();
-            let tmp = TempFile(Some(images.store.temp(&images.node, &state.name)));
-            let dest = tmp.0.clone().unwrap_or_default();
-            tracing::info!(image = %state.name, volume = %disk.display(), "cutting volume");
-            // The freeze, copy and thaw run on a thread of their own, to completion even if
-            // this task is cancelled, so that a frozen filesystem is always thawed.
-            let copy_to = src.clone();
-            tokio::task::spawn_blocking(move || export::cut_volume(&disk, &quiesce, &copy_to))
-                .await
-                .map_err(|e| CsiError::Internal(format!("cut task failed: {e}")))??;
-            images.update(&state.name, |s| s.cut = true)?;
-            tracing::info!(image = %state.name, export_type = %export_type, "exporting volume");
-            let total = state.virtual_size;
-            let mut last = Instant::now();
-            let worker = Arc::clone(&images);
-            let name = state.name.clone();
-            export::convert_with_progress(&src, export::RAW, &dest, &export_type, move |pct| {
+        let cancel = Cancel::default();
+        let job_cancel = cancel.clone();
+        self.spawn_cancellable(&name, Some(cancel), async move {
+            let result = images.export(&state, from, &export_type, &job_cancel).await;
+            // The cut goes once the image is made from it, and with an export that failed or
+            // was cancelled (its state goes too: nothing would use it). Not when the job is
+            // dropped by a shutdown: the next start-up resumes from it.
+            images.cuts.remove(&state.name);
+            result
+        });
+    }
+
+    async fn export(
+        self: &Arc<Self>,
+        state: &ImageState,
+        from: ExportFrom,
+        export_type: &str,
+        cancel: &Cancel,
+    ) -> Result<()> {
+        let name = &state.name;
+        if let ExportFrom::Volume { disk, quiesce } = from {
+            tracing::info!(image = %name, volume = %disk.display(), "cutting volume");
+            // The freeze, copy and thaw run on a thread of their own, to completion (or to
+            // a cancellation it notices) even if this task is dropped, so that a frozen
+            // filesystem is always thawed.
+            let cuts = self.cuts.clone();
+            let (owned, blocking_cancel) = (name.clone(), cancel.clone());
+            tokio::task::spawn_blocking(move || {
+                cuts.take(&owned, &disk, &quiesce, &blocking_cancel)
+            })
+            .await
+            .map_err(|e| CsiError::Internal(format!("cut task failed: {e}")))??;
+            if cancel.is_cancelled() {
+                return Err(cancel.error());
+            }
+            self.update(name, |s| s.cut = true)?;
+        } else {
+            tracing::info!(image = %name, "resuming the export from its cut");
+        }
+        let src = self
+            .cuts
+            .path(name)
+            .ok_or_else(|| CsiError::InvalidArgument(format!("bad image name {name:?}")))?;
+        let work = TempDir(self.store.temp(&self.node, name));
+        fs::create_dir(&work.0)
+            .map_err(|e| CsiError::io(format!("creating {}", work.0.display()), e))?;
+        let tmp = TempFile(Some(work.0.join(name)));
+        let dest = tmp.0.clone().unwrap_or_default();
+        tracing::info!(image = %name, export_type = %export_type, "exporting volume");
+        let total = state.virtual_size;
+        let mut last = Instant::now();
+        let worker = Arc::clone(self);
+        let owned = name.clone();
+        let convert = async {
+            export::convert_with_progress(&src, export::RAW, &dest, export_type, move |pct| {
                 if last.elapsed() >= PROGRESS_EVERY || pct >= 100.0 {
                     let done = (total as f64 * pct / 100.0) as u64;
-                    tracing::info!(image = %name, done, total, "exporting");
-                    worker.set_progress(&name, done, total);
+                    tracing::info!(image = %owned, done, total, "exporting");
+                    worker.set_progress(&owned, done, total);
                     last = Instant::now();
                 }
             })
             .await?;
-            drop(cut);
-            images.finish(&state.name, tmp).await
-        });
+            self.finish(name, tmp).await
+        };
+        // Dropping the conversion kills qemu-img; `work` then removes what it wrote.
+        tokio::select! {
+            result = convert => result,
+            _ = cancel.cancelled() => Err(cancel.error()),
+        }
+    }
+
+    /// Deletes the image `name`: stops this node's job preparing it first, if any, and waits
+    /// until the job has removed what it made. Called under the controller lock, which keeps
+    /// a new job for that name from starting meanwhile; a job stops within milliseconds of
+    /// being told (it kills its child process), so the lock is not held long.
+    pub async fn delete(&self, name: &str) -> Result<()> {
+        let cancelled = self.jobs.cancel(name);
+        // A download cannot be cancelled yet: removing its state under it could race its
+        // final rename and bring the image back.
+        if !cancelled && self.jobs.running(name) {
+            return Err(CsiError::Aborted(format!(
+                "backing image {name} is still being downloaded; retry later"
+            )));
+        }
+        if cancelled {
+            tracing::info!(image = %name, "cancelling the preparation of a deleted image");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            if let JobWait::Pending = self.jobs.wait(name, deadline).await {
+                return Err(CsiError::Internal(format!(
+                    "backing image {name} did not stop being prepared; retry"
+                )));
+            }
+            // Its failure is the cancellation asked for: nothing to report to anyone.
+            self.jobs.take_failure(name);
+        }
+        self.store.remove(name)?;
+        self.cuts.remove(name);
+        Ok(())
+    }
+
+    /// Start-up: picks up what an earlier run of this node left in the images directory and
+    /// the cuts. An export whose cut is durable resumes from that cut (its snapshot was
+    /// taken: CreateSnapshot may have returned it); one that was never cut is removed (no
+    /// CreateSnapshot returned it; a retry cuts anew). Temporaries are removed, and so is
+    /// every cut no export needs.
+    pub fn recover(self: &Arc<Self>) -> Result<()> {
+        self.store.clean_own_temps();
+        let mut keep = HashSet::new();
+        for state in self.store.list()? {
+            if state.ready || state.node != self.node || state.source_type != SOURCE_EXPORT {
+                continue;
+            }
+            let name = state.name.clone();
+            if state.cut && self.cuts.exists(&name) {
+                let export_type = state
+                    .parameters
+                    .get(KEY_EXPORT_TYPE)
+                    .cloned()
+                    .unwrap_or_else(|| export::RAW.to_owned());
+                keep.insert(name.clone());
+                self.start_export(state, ExportFrom::Cut, export_type);
+                continue;
+            }
+            if state.cut {
+                tracing::error!(image = %name, "the cut of this snapshot is missing; removing the snapshot");
+            } else {
+                tracing::info!(image = %name, "removing a snapshot that was never cut");
+            }
+            self.store.remove(&name)?;
+        }
+        self.cuts.clean(&keep);
+        Ok(())
     }
 
     /// Starts downloading `url` into the image `state.name`.

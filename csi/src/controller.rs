@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use super::backing_image::ExportFrom;
 use super::backing_image::{ImageState, Wait};
+use super::cut::Quiesce;
 use super::error::{CsiError, Result};
-use super::export::{self, check_checksum, check_export_type, Quiesce};
+use super::export::{self, check_checksum, check_export_type};
 use super::handle::{
     BiHandle, KEY_EXPORT_TYPE, KEY_URL, KEY_VOLUME_NAME, SOURCE_DOWNLOAD, SOURCE_EXPORT,
 };
@@ -474,9 +476,11 @@ impl ControllerService {
                 CsiError::Aborted(format!("backing image {} is changing; retry", state.name))
             });
         }
-        // In the volume store, next to the disk, so that a reflink copy is possible.
-        let cut = files::temp_path(self.0.volumes.root(), &format!("export-{}", state.name));
-        images.start_export(state.clone(), disk, quiesce, cut, export_type.to_owned());
+        images.start_export(
+            state.clone(),
+            ExportFrom::Volume { disk, quiesce },
+            export_type.to_owned(),
+        );
         Ok(state)
     }
 
@@ -608,13 +612,15 @@ impl ControllerService {
                  that finishes"
             )));
         }
-        if images.running(&image) || (!state.ready && !images.is_orphan(&state)) {
+        // This node's own work on it is cancelled by the delete; another node's cannot be.
+        if !state.ready && state.node != images.node() {
             return Err(CsiError::Aborted(format!(
-                "backing image {image} is still being prepared ({} of {} bytes); retry later",
-                state.progress.done, state.progress.total
+                "backing image {image} is still being prepared by node {} ({} of {} bytes); \
+                 retry later",
+                state.node, state.progress.done, state.progress.total
             )));
         }
-        images.store.remove(&image)?;
+        images.delete(&image).await?;
         tracing::info!(image = %image, "deleted backing image");
         Ok(())
     }

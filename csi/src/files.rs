@@ -22,27 +22,43 @@ pub fn temp_path(dir: &Path, stem: &str) -> PathBuf {
     dir.join(format!("{TMP_PREFIX}{stem}-{}-{n}", std::process::id()))
 }
 
-/// Writes `value` as JSON to `path` so that readers see the old or the new file, never a part.
+/// Writes `value` as JSON to `path` so that readers see the old or the new file, never a part,
+/// and durably: once it returns, the new file survives a crash.
 pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let stem = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = temp_path(dir, &stem);
+    write_json_via(path, &temp_path(dir, &stem), value)
+}
+
+/// [`write_json`] through the temp file `tmp` (in the same directory), for stores whose temp
+/// names must say who made them.
+pub fn write_json_via(path: &Path, tmp: &Path, value: &impl Serialize) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
     let data = serde_json::to_vec_pretty(value)
         .map_err(|e| CsiError::Internal(format!("encoding {}: {e}", path.display())))?;
     let result = (|| {
-        let mut file = fs::File::create(&tmp)?;
+        let mut file = fs::File::create(tmp)?;
         file.write_all(&data)?;
         file.sync_all()?;
-        fs::rename(&tmp, path)
+        fs::rename(tmp, path)?;
+        // The rename is only durable once the directory is.
+        fs::File::open(dir)?.sync_all()
     })();
     if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
+        let _ = fs::remove_file(tmp);
         return Err(CsiError::io(format!("writing {}", path.display()), e));
     }
     Ok(())
+}
+
+/// Fsyncs a directory, so that the entries just renamed into it survive a crash.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| CsiError::io(format!("syncing {}", dir.display()), e))
 }
 
 /// Reads a JSON state file; `None` when it does not exist.
@@ -66,11 +82,17 @@ pub fn now_secs() -> i64 {
 
 /// Removes temp entries left in `dir` by an interrupted run.
 pub fn clean_temps(dir: &Path) {
+    clean_temps_with_prefix(dir, TMP_PREFIX)
+}
+
+/// Removes the entries of `dir` whose names start with `prefix` (one that starts with
+/// [`TMP_PREFIX`]).
+pub fn clean_temps_with_prefix(dir: &Path, prefix: &str) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+        if entry.file_name().to_string_lossy().starts_with(prefix) {
             let path = entry.path();
             let result = if path.is_dir() {
                 fs::remove_dir_all(&path)

@@ -31,6 +31,42 @@ pub enum JobWait {
 struct Entry<T> {
     outcome: watch::Receiver<Outcome>,
     data: T,
+    cancel: Option<Cancel>,
+}
+
+/// A request to stop a job, which the job checks: at its await points
+/// ([`Cancel::cancelled`]) or, on a blocking thread, between steps ([`Cancel::is_cancelled`]).
+/// A job is never dropped from outside, because only the job knows what it must undo (kill
+/// its child and wait for it, remove its files) before it is gone.
+#[derive(Clone)]
+pub struct Cancel(Arc<watch::Sender<bool>>);
+
+impl Default for Cancel {
+    fn default() -> Self {
+        Cancel(Arc::new(watch::channel(false).0))
+    }
+}
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once cancelled.
+    pub async fn cancelled(&self) {
+        let mut rx = self.0.subscribe();
+        // The sender lives as long as `self`: waiting cannot fail.
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    /// What a cancelled job ends with.
+    pub fn error(&self) -> CsiError {
+        CsiError::Aborted("cancelled".into())
+    }
 }
 
 /// The running jobs of one kind, each with data describing what it does.
@@ -86,8 +122,29 @@ impl<T: Clone + Send + Sync + 'static> JobSet<T> {
     where
         F: Future<Output = Result<()>> + Send + 'static,
     {
+        self.start_cancellable(name, data, None, job)
+    }
+
+    /// [`JobSet::start`] for a job that stops when `cancel` is set ([`JobSet::cancel`]).
+    pub fn start_cancellable<F>(
+        self: &Arc<Self>,
+        name: &str,
+        data: T,
+        cancel: Option<Cancel>,
+        job: F,
+    ) where
+        F: Future<Output = Result<()>> + Send + 'static,
+    {
         let (tx, rx) = watch::channel(None);
-        lock(&self.running).insert(name.to_owned(), Entry { outcome: rx, data });
+        let asked = cancel.clone();
+        lock(&self.running).insert(
+            name.to_owned(),
+            Entry {
+                outcome: rx,
+                data,
+                cancel,
+            },
+        );
         lock(&self.failures).remove(name);
         let mut finish = Finish {
             set: Arc::clone(self),
@@ -97,7 +154,11 @@ impl<T: Clone + Send + Sync + 'static> JobSet<T> {
         };
         tokio::spawn(async move {
             let outcome = job.await.map_err(|e| {
-                tracing::warn!(job = %finish.name, error = %e, "job failed");
+                if asked.as_ref().is_some_and(Cancel::is_cancelled) {
+                    tracing::debug!(job = %finish.name, "job cancelled");
+                } else {
+                    tracing::warn!(job = %finish.name, error = %e, "job failed");
+                }
                 Failure::from(&e)
             });
             finish.outcome.replace(outcome);
@@ -109,6 +170,18 @@ impl<T: Clone + Send + Sync + 'static> JobSet<T> {
         lock(&self.running)
             .get(name)
             .is_some_and(|e| e.outcome.borrow().is_none())
+    }
+
+    /// Asks the running job `name` to stop; `false` when none runs or it cannot be cancelled.
+    /// Wait for it ([`JobSet::wait`]) to know it is gone.
+    pub fn cancel(&self, name: &str) -> bool {
+        match lock(&self.running).get(name).and_then(|e| e.cancel.clone()) {
+            Some(cancel) => {
+                cancel.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     /// What the running job `name` does.
@@ -177,6 +250,25 @@ mod tests {
         }
         assert!(!set.running("a"));
         assert!(matches!(set.wait("a", later).await, JobWait::NotRunning));
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_job_stops_and_says_so() {
+        let set: Arc<JobSet<()>> = Arc::default();
+        let cancel = Cancel::default();
+        let job_cancel = cancel.clone();
+        set.start_cancellable("c", (), Some(cancel), async move {
+            job_cancel.cancelled().await;
+            Err(job_cancel.error())
+        });
+        assert!(!set.cancel("other"));
+        assert!(set.cancel("c"));
+        let later = Instant::now() + Duration::from_secs(5);
+        assert!(matches!(
+            set.wait("c", later).await,
+            JobWait::Done(Err(CsiError::Aborted(_)))
+        ));
+        assert!(!set.running("c"));
     }
 
     #[tokio::test]

@@ -9,11 +9,13 @@
 //! VolumeSnapshotContent) makes the driver produce it first, by download or export.
 //! `DeleteSnapshot` removes the image.
 //!
-//! Point in time: the cut ([`export::cut_volume`]) freezes the ext4 filesystem of every
+//! Point in time: the cut ([`cut::cut_volume`]) freezes the ext4 filesystem of every
 //! `Mount` publication of the volume (FIFREEZE) and fsyncs its loop devices and disk file, so
 //! the snapshot holds everything written before CreateSnapshot was called (crash-consistent:
 //! not what applications still buffer themselves). CreateSnapshot returns once the cut is
-//! taken; the export then runs with `ready_to_use: false`.
+//! taken and durable; the export then runs from it with `ready_to_use: false`, and resumes
+//! from it after a restart. DeleteSnapshot of a snapshot still being cut or exported cancels
+//! that work and removes everything it made.
 //!
 //! Copies never run inside a request: cuts, exports, downloads and restores are background
 //! jobs keyed by name ([`jobs`]), so a CO deadline that drops a request does not stop or
@@ -21,14 +23,15 @@
 //! only state changes.
 //!
 //! Modules: [`jobs`] runs the background copies; [`server`] serves the three gRPC services ([`identity`], [`controller`], [`node`])
-//! over a unix socket; [`volumes`] and [`backing_image`] are the two stores; [`export`] and
-//! [`download`] produce image files; [`mounts`] does loop devices and mounts; [`names`] maps
+//! over a unix socket; [`volumes`] and [`backing_image`] are the two stores; [`cut`] keeps the
+//! point-in-time copies snapshots are made from; [`export`] and [`download`] produce image files; [`mounts`] does loop devices and mounts; [`names`] maps
 //! CSI names to safe on-disk names.
 
 pub mod authority;
 pub mod backing_image;
 pub mod command;
 pub mod controller;
+pub mod cut;
 pub mod download;
 pub mod error;
 pub mod export;
@@ -108,7 +111,10 @@ pub struct Driver {
     /// Volumes being restored from a BackingImage, with what their CreateVolume asked.
     pub restores: Arc<JobSet<VolumeMeta>>,
     /// Serializes controller state changes (claiming, creating and deleting volumes and
-    /// images). Never held across a copy: copies run as jobs ([`jobs`]).
+    /// images). Never held across a copy: copies run as jobs ([`jobs`]). Lock order: this
+    /// lock, then the job sets' own mutexes, which are only held to read or change their maps.
+    /// DeleteSnapshot waits under it for a cancelled image job to end; image jobs never take
+    /// it, so that wait cannot deadlock, and a cancelled job ends within milliseconds.
     pub controller_lock: tokio::sync::Mutex<()>,
     /// Serializes publish and unpublish on this node.
     pub node_lock: tokio::sync::Mutex<()>,
@@ -119,9 +125,21 @@ impl Driver {
         if config.node_id.is_empty() {
             return Err(CsiError::InvalidArgument("a node id is required".into()));
         }
+        // The node id is part of temp file names in a directory nodes may share.
+        if config
+            .node_id
+            .contains(['/', '\0', backing_image::NODE_END])
+        {
+            return Err(CsiError::InvalidArgument(format!(
+                "node id {:?} contains '/', NUL or '{}', which are not allowed",
+                config.node_id,
+                backing_image::NODE_END
+            )));
+        }
         let volumes = VolumeStore::open(config.store.join("volumes"))?;
-        let store = ImageStore::open(config.backing_images.clone())?;
-        let images = Arc::new(Images::new(store, config.node_id.clone()));
+        let store = ImageStore::open(config.backing_images.clone(), &config.node_id)?;
+        let cuts = cut::Cuts::open(config.store.join("cuts"))?;
+        let images = Arc::new(Images::new(store, cuts, config.node_id.clone()));
         Ok(Arc::new(Driver {
             config,
             volumes,
@@ -130,6 +148,19 @@ impl Driver {
             controller_lock: tokio::sync::Mutex::new(()),
             node_lock: tokio::sync::Mutex::new(()),
         }))
+    }
+
+    /// Start-up, before serving: thaws what a killed cut left frozen, then resumes or removes
+    /// what an earlier run left in the BackingImage directory ([`Images::recover`]).
+    pub fn recover(&self) -> Result<()> {
+        for volume in self.volumes.list()? {
+            for p in self.volumes.publications(&volume.id)? {
+                if !p.block {
+                    cut::thaw_leftover(&p.target, &p.device);
+                }
+            }
+        }
+        self.images.recover()
     }
 
     /// The topology segment of this node.

@@ -26,9 +26,7 @@ pub struct NodeService(pub Arc<Driver>);
 
 impl NodeService {
     fn disk(&self, id: &str) -> Result<PathBuf> {
-        if id.is_empty() {
-            return Err(CsiError::InvalidArgument("volume_id is required".into()));
-        }
+        require_volume_id(id)?;
         match (self.0.volumes.get(id)?, self.0.volumes.disk(id)) {
             (Some(_), Some(disk)) => Ok(disk),
             _ => Err(CsiError::NotFound(format!(
@@ -38,7 +36,9 @@ impl NodeService {
     }
 
     async fn publish(&self, req: NodePublishVolumeRequest) -> Result<()> {
-        let disk = self.disk(&req.volume_id)?;
+        // Arguments first: a request that is malformed is INVALID_ARGUMENT whether or not the
+        // volume exists (the spec's order; csi-sanity checks it with unknown volume ids).
+        require_volume_id(&req.volume_id)?;
         if req.target_path.is_empty() {
             return Err(CsiError::InvalidArgument("target_path is required".into()));
         }
@@ -48,6 +48,7 @@ impl NodeService {
             .as_ref()
             .ok_or_else(|| CsiError::InvalidArgument("volume_capability is required".into()))?;
         check_capability(cap).map_err(CsiError::InvalidArgument)?;
+        let disk = self.disk(&req.volume_id)?;
         let block = matches!(cap.access_type, Some(AccessType::Block(_)));
         let mode = cap.access_mode.as_ref().map(|m| m.mode).unwrap_or_default();
         let readonly = req.readonly || mode == Mode::SingleNodeReaderOnly as i32;
@@ -147,10 +148,11 @@ impl NodeService {
     }
 
     async fn unpublish(&self, req: NodeUnpublishVolumeRequest) -> Result<()> {
-        let disk = self.disk(&req.volume_id)?;
+        require_volume_id(&req.volume_id)?;
         if req.target_path.is_empty() {
             return Err(CsiError::InvalidArgument("target_path is required".into()));
         }
+        let disk = self.disk(&req.volume_id)?;
         let target = PathBuf::from(&req.target_path);
         let _guard = self.0.node_lock.lock().await;
         let id = &req.volume_id;
@@ -177,6 +179,7 @@ impl NodeService {
     }
 
     fn publication(&self, id: &str, path: &str) -> Result<Publication> {
+        require_volume_id(id)?;
         if path.is_empty() {
             return Err(CsiError::InvalidArgument("volume_path is required".into()));
         }
@@ -235,6 +238,13 @@ impl NodeService {
         }
         self.0.volumes.capacity(&req.volume_id)
     }
+}
+
+fn require_volume_id(id: &str) -> Result<()> {
+    if id.is_empty() {
+        return Err(CsiError::InvalidArgument("volume_id is required".into()));
+    }
+    Ok(())
 }
 
 fn clamp(v: u64) -> i64 {

@@ -34,6 +34,8 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf> {
 pub async fn serve(config: Config) -> Result<()> {
     let path = socket_path(&config.endpoint)?;
     let driver = Driver::new(config)?;
+    // Before serving: a CreateSnapshot retry must find the export of its cut running again.
+    driver.recover()?;
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| CsiError::io(format!("creating {}", parent.display()), e))?;

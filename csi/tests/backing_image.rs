@@ -38,6 +38,8 @@ struct Server {
     child: Child,
     dir: tempfile::TempDir,
     socket: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -52,28 +54,58 @@ impl Server {
     fn start_env(extra: &[&str], env: &[(&str, String)]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = dir.path().join("csi.sock");
-        let store = dir.path().join("store");
-        let images = dir.path().join("shared-images");
-        let child = Command::new(BIN)
+        let args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let child = Server::spawn(dir.path(), &socket, &args, &env);
+        let server = Server {
+            child,
+            dir,
+            socket,
+            args,
+            env,
+        };
+        server.wait_for_socket();
+        server
+    }
+
+    fn spawn(dir: &Path, socket: &Path, args: &[String], env: &[(String, String)]) -> Child {
+        Command::new(BIN)
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
             .args(["--node-id", "node1"])
             .arg("--store")
-            .arg(&store)
+            .arg(dir.join("store"))
             .arg("--backing-images")
-            .arg(&images)
-            .args(extra)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .arg(dir.join("shared-images"))
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .spawn()
-            .expect("start layerfs-csi");
-        let server = Server { child, dir, socket };
+            .expect("start layerfs-csi")
+    }
+
+    fn wait_for_socket(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !server.socket.exists() {
+        while !self.socket.exists() {
             assert!(Instant::now() < deadline, "the CSI socket never appeared");
             std::thread::sleep(Duration::from_millis(50));
         }
-        server
+    }
+
+    /// Stops the driver with `signal` (SIGTERM: an orderly stop; SIGKILL: a crash) and starts
+    /// it again on the same store.
+    fn restart(&mut self, signal: i32) {
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+        self.child.wait().expect("wait for layerfs-csi");
+        // A killed driver leaves its socket: wait for the new one, not the old.
+        let _ = fs::remove_file(&self.socket);
+        self.child = Server::spawn(self.dir.path(), &self.socket, &self.args, &self.env);
+        self.wait_for_socket();
     }
 
     fn path(&self) -> &Path {
@@ -1755,4 +1787,448 @@ fn a_caller_who_is_not_root_is_refused_in_the_daemon_s_words() {
         String::from_utf8_lossy(&out.stderr),
         "layerfs-csi: unix:///run/layerfs/test-csi.sock: permission denied (root only)\n"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle: cancellation, restarts, leftovers
+
+/// The disk size of the lifecycle tests: big enough that an export (copy, then checksum in
+/// an unoptimized build) runs for seconds, so that a delete or a stop lands in the middle.
+const DISK: i64 = 64 * MIB;
+
+fn cuts_dir(server: &Server) -> PathBuf {
+    server.path().join("store/cuts")
+}
+
+/// Every entry of `dir`, temp files included, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn sha512_of_file(path: &Path) -> String {
+    let mut file = fs::File::open(path).expect("open image");
+    let mut hasher = Sha512::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).expect("read image");
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// SHA-512 of a raw disk of `len` bytes holding `data` at offset 0 and zeros after it.
+fn sha512_of_disk(len: usize, data: &[u8]) -> String {
+    let mut hasher = Sha512::new();
+    hasher.update(data);
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = len - data.len();
+    while left > 0 {
+        let n = left.min(zeros.len());
+        hasher.update(&zeros[..n]);
+        left -= n;
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Nothing of any snapshot is left: no image, state, temp file or cut.
+fn assert_no_snapshot_left(server: &Server) {
+    assert_eq!(entries(&server.images_dir()), Vec::<String>::new());
+    assert_eq!(entries(&cuts_dir(server)), Vec::<String>::new());
+    assert_eq!(temps_under(server.path()), Vec::<PathBuf>::new());
+}
+
+/// A volume holding 16 MiB of `pattern(_, seed)` at its start; and those bytes.
+async fn volume_with_data(
+    c: &mut Clients,
+    server: &Server,
+    name: &str,
+    seed: u8,
+) -> (String, Vec<u8>) {
+    let vol = c
+        .create_volume(volume_req(name, DISK, None))
+        .await
+        .expect("CreateVolume");
+    let data = pattern(16 * MIB as usize, seed);
+    c.write_block(&vol.volume_id, &server.path().join("targets"), 0, &data)
+        .await;
+    (vol.volume_id, data)
+}
+
+/// Node calls on a volume that does not exist, with an argument missing: the argument is
+/// what is wrong (INVALID_ARGUMENT), whatever the volume.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_calls_check_arguments_before_the_volume() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let target = server
+        .path()
+        .join("targets/t")
+        .to_string_lossy()
+        .into_owned();
+    let no_target = c
+        .node
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: "no-such-volume".into(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(no_target.code(), Code::InvalidArgument, "{no_target:?}");
+    let no_cap = c
+        .node
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: "no-such-volume".into(),
+            target_path: target.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(no_cap.code(), Code::InvalidArgument, "{no_cap:?}");
+    let unpublish = c
+        .node
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: "no-such-volume".into(),
+            target_path: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unpublish.code(), Code::InvalidArgument, "{unpublish:?}");
+    // With every argument there, the volume is what is missing.
+    let missing = c
+        .node
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: "no-such-volume".into(),
+            target_path: target,
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+}
+
+/// DeleteSnapshot right after CreateSnapshot, while the export runs (as csi-sanity does):
+/// it succeeds at once, cancels the export and leaves nothing; the name can be used again.
+/// The same while the snapshot is still being cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_during_export_cancels_it_and_leaves_nothing() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    let (vol, _) = volume_with_data(&mut c, &server, "pvc-cancel", 5).await;
+    let req = snapshot_req("snap-cancel", &vol, "raw");
+    let snap = c.snapshot(req.clone()).await.expect("CreateSnapshot");
+    assert!(!snap.ready_to_use);
+    assert_eq!(state_of(&server, "snap-cancel").unwrap()["ready"], false);
+    let started = Instant::now();
+    c.delete_snapshot(&snap.snapshot_id)
+        .await
+        .expect("DeleteSnapshot during the export");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_no_snapshot_left(&server);
+    // Nothing comes back once the cancelled work has wound down.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_no_snapshot_left(&server);
+    let listed = c.list(ListSnapshotsRequest::default()).await.unwrap();
+    assert!(listed.entries.is_empty(), "{listed:?}");
+
+    // The name is free again, and the cancellation is nobody's error.
+    let again = c.snapshot_ready(req).await;
+    c.delete_snapshot(&again.snapshot_id).await.unwrap();
+    assert_no_snapshot_left(&server);
+
+    // During the cut: CreateSnapshot has claimed the name and is copying the volume.
+    let mut creator = server.clients().await;
+    let cut_req = snapshot_req("snap-cut", &vol, "raw");
+    let creating = tokio::spawn(async move { creator.snapshot(cut_req).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_of(&server, "snap-cut").is_none() {
+        assert!(Instant::now() < deadline, "the cut never started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let id = "bi://backing?backingImage=snap-cut&backingImageDataSourceType=export-from-volume\
+              &export-type=raw&volume-name=pvc-cancel";
+    c.delete_snapshot(id)
+        .await
+        .expect("DeleteSnapshot during the cut");
+    // The CreateSnapshot that raced the delete either got its snapshot (then deleted) or
+    // hears that it is gone.
+    match creating.await.unwrap() {
+        Ok(_) => {}
+        Err(s) => assert_eq!(s.code(), Code::NotFound, "{s:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_no_snapshot_left(&server);
+    c.delete_volume(&vol).await;
+}
+
+/// CreateSnapshot returns, the volume is overwritten, the driver is stopped (`signal`) while
+/// the export runs and started again: the image is made from the cut, not from the volume as
+/// it is now, and the snapshot keeps its id and creation time. Deleting it then leaves
+/// nothing: not the killed export's temp file, not the cut.
+async fn export_survives_restart(signal: i32) {
+    let mut server = Server::start();
+    let mut c = server.clients().await;
+    let (vol, before) = volume_with_data(&mut c, &server, "pvc-pit", 7).await;
+    let req = snapshot_req("snap-pit", &vol, "raw");
+    let first = c.snapshot(req.clone()).await.expect("CreateSnapshot");
+    c.write_block(
+        &vol,
+        &server.path().join("targets"),
+        0,
+        &pattern(MIB as usize, 8),
+    )
+    .await;
+    assert_eq!(
+        state_of(&server, "snap-pit").unwrap()["ready"],
+        false,
+        "the export must still run when the driver is stopped"
+    );
+    server.restart(signal);
+    let mut c = server.clients().await;
+    let snap = c.snapshot_ready(req).await;
+    assert_eq!(snap.snapshot_id, first.snapshot_id);
+    assert_eq!(
+        snap.creation_time, first.creation_time,
+        "creation time changed"
+    );
+    let want = sha512_of_disk(DISK as usize, &before);
+    let image = server.images_dir().join("snap-pit.img");
+    assert_eq!(sha512_of_file(&image), want, "the image is not the cut");
+    assert_eq!(
+        state_of(&server, "snap-pit").unwrap()["current_checksum"],
+        want.as_str()
+    );
+    assert_eq!(entries(&cuts_dir(&server)), Vec::<String>::new());
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    c.delete_volume(&vol).await;
+    assert_no_snapshot_left(&server);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn export_survives_sigterm() {
+    export_survives_restart(libc::SIGTERM).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn export_survives_sigkill_and_leaves_nothing() {
+    export_survives_restart(libc::SIGKILL).await;
+}
+
+/// A restore waiting for a snapshot still being exported, with the volume overwritten: the
+/// driver is stopped (`signal`) during the export, then again during the restore. The
+/// restored volume holds the data of before the snapshot, and nothing is left over.
+async fn restore_survives(signal: i32) {
+    let mut server = Server::start_with(&["--image-wait", "1"]);
+    let mut c = server.clients().await;
+    let work = server.path().join("targets");
+    let (vol, before) = volume_with_data(&mut c, &server, "pvc-src", 11).await;
+    let snap = c
+        .snapshot(snapshot_req("snap-src", &vol, "raw"))
+        .await
+        .expect("CreateSnapshot");
+    c.write_block(&vol, &work, 0, &pattern(MIB as usize, 12))
+        .await;
+    let vreq = volume_req("pvc-dst", DISK, Some(&snap.snapshot_id));
+    let err = c.create_volume(vreq.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "the export still runs: {err:?}");
+    server.restart(signal);
+
+    // Start the restore with calls that give up at once, and kill the driver while it copies.
+    let mut c = server.clients().await;
+    let volumes = server.path().join("store/volumes");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(Instant::now() < deadline, "the restore never started");
+        let mut r = tonic::Request::new(vreq.clone());
+        r.set_timeout(Duration::from_millis(20));
+        let _ = c.ctl.create_volume(r).await;
+        if !temps_under(&volumes).is_empty() || volumes.join("pvc-dst").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.restart(signal);
+
+    let mut c = server.clients().await;
+    let restored = c.create_volume_retrying(vreq).await.expect("CreateVolume");
+    let (got, size) = c
+        .read_block(&restored.volume_id, &work, 0, before.len())
+        .await;
+    assert_eq!(size, DISK as u64);
+    assert!(
+        got == before,
+        "the restored volume does not hold the snapshot's data"
+    );
+    c.delete_volume(&restored.volume_id).await;
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    c.delete_volume(&vol).await;
+    assert_no_snapshot_left(&server);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_survives_restarts() {
+    restore_survives(libc::SIGKILL).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_survives_sigterm() {
+    restore_survives(libc::SIGTERM).await;
+}
+
+/// The driver is stopped (`signal`) while CreateSnapshot is still cutting the volume. After
+/// a SIGKILL no CreateSnapshot returned that snapshot, so nothing of it is left and the CO's
+/// retry cuts the volume as it is then. A SIGTERM lets the call in flight finish: when it
+/// returned the snapshot, that cut is what the image is made of after the restart.
+async fn cut_interrupted(signal: i32) {
+    let mut server = Server::start();
+    let mut c = server.clients().await;
+    let work = server.path().join("targets");
+    let vol = c
+        .create_volume(volume_req("pvc-cut", 48 * MIB, None))
+        .await
+        .expect("CreateVolume");
+    // Much real data: the copy of the cut takes a while.
+    let before = pattern(32 * MIB as usize, 21);
+    c.write_block(&vol.volume_id, &work, 0, &before).await;
+    let req = snapshot_req("snap-cut", &vol.volume_id, "raw");
+    let mut creator = server.clients().await;
+    let creating = {
+        let req = req.clone();
+        tokio::spawn(async move { creator.snapshot(req).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_of(&server, "snap-cut").is_none() {
+        assert!(Instant::now() < deadline, "the cut never started");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    server.restart(signal);
+    let returned = creating.await.unwrap();
+    if signal == libc::SIGKILL {
+        assert!(returned.is_err(), "the cut was interrupted");
+    }
+    let mut c = server.clients().await;
+    let now = pattern(MIB as usize, 22);
+    let mut want = before.clone();
+    match &returned {
+        Ok(_) => {}
+        Err(_) => {
+            assert_no_snapshot_left(&server);
+            want[..now.len()].copy_from_slice(&now);
+        }
+    }
+    c.write_block(&vol.volume_id, &work, 0, &now).await;
+    let snap = c.snapshot_ready(req).await;
+    if let Ok(first) = &returned {
+        assert_eq!(snap.creation_time, first.creation_time);
+    }
+    let image = server.images_dir().join("snap-cut.img");
+    assert_eq!(
+        sha512_of_file(&image),
+        sha512_of_disk(48 * MIB as usize, &want)
+    );
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    c.delete_volume(&vol.volume_id).await;
+    assert_no_snapshot_left(&server);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_interrupted_by_sigkill_leaves_nothing() {
+    cut_interrupted(libc::SIGKILL).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_interrupted_by_sigterm() {
+    cut_interrupted(libc::SIGTERM).await;
+}
+
+/// The driver is killed while a cut holds a published filesystem frozen: the next start-up
+/// thaws it, so the volume's writers do not hang forever.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filesystem_frozen_by_a_killed_cut_is_thawed_at_start_up() {
+    let mut server = Server::start();
+    let mut c = server.clients().await;
+    let vol = c
+        .create_volume(mount_volume_req("pvc-frozen", 96 * MIB))
+        .await
+        .expect("CreateVolume");
+    let target = server.path().join("targets/frozen");
+    c.publish_mount(&vol.volume_id, &target).await;
+    // Unsynced data: the freeze writes it out, which keeps the filesystem frozen a while.
+    fs::write(target.join("data"), pattern(64 * MIB as usize, 31)).unwrap();
+    let mut creator = server.clients().await;
+    let req = snapshot_req("snap-frozen", &vol.volume_id, "raw");
+    let creating = tokio::spawn(async move { creator.snapshot(req).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_of(&server, "snap-frozen").is_none() {
+        assert!(Instant::now() < deadline, "the cut never started");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    server.restart(libc::SIGKILL);
+    let _ = creating.await;
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let file = target.join("after");
+    std::thread::spawn(move || {
+        let _ = tx.send(fs::write(file, b"written after the restart"));
+    });
+    let written = rx.recv_timeout(Duration::from_secs(10));
+    if written.is_err() {
+        // Thaw it here, or cleaning up would hang too.
+        let _ = Command::new("fsfreeze").arg("-u").arg(&target).status();
+    }
+    assert!(
+        matches!(written, Ok(Ok(()))),
+        "the volume stayed frozen: {written:?}"
+    );
+    let mut c = server.clients().await;
+    c.unpublish(&vol.volume_id, &target).await;
+    c.delete_volume(&vol.volume_id).await;
+    assert_no_snapshot_left(&server);
+}
+
+/// At start-up a node removes its own temporaries from the shared BackingImage directory and
+/// leaves those of every other node alone, even one whose name starts with its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn start_up_removes_only_this_node_s_temporaries() {
+    let mut server = Server::start();
+    let dir = server.images_dir();
+    let own = [".tmp-node1~snap-a-123-4", ".tmp-node1~snap-b.json-123-5"];
+    let others = [".tmp-node1-b~snap-a-77-1", ".tmp-node2~snap-c-88-2"];
+    for name in own.iter().chain(&others) {
+        fs::write(dir.join(name), b"partial").unwrap();
+    }
+    fs::create_dir(dir.join(".tmp-node1~snap-d-123-6")).unwrap();
+    fs::write(dir.join(".tmp-node1~snap-d-123-6/snap-d"), b"partial").unwrap();
+    fs::create_dir_all(cuts_dir(&server)).unwrap();
+    fs::write(cuts_dir(&server).join("orphan.raw"), b"cut").unwrap();
+    server.restart(libc::SIGKILL);
+    let mut left = others.map(String::from).to_vec();
+    left.sort();
+    assert_eq!(entries(&dir), left);
+    assert_eq!(entries(&cuts_dir(&server)), Vec::<String>::new());
 }

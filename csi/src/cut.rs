@@ -1,0 +1,288 @@
+//! The cut: the point-in-time copy of a volume a snapshot is made from, kept durably in
+//! `<store>/cuts/<image>.raw` until its image is complete.
+//!
+//! CreateSnapshot returns once the cut is taken, so the cut *is* the snapshot: whatever
+//! happens afterwards (the volume is overwritten or deleted, the driver is stopped or killed),
+//! the image must be made from it and from nothing else. It is therefore written to a temp
+//! name, fsynced, renamed into place and its directory fsynced before the image's state file
+//! records `cut: true` (itself written durably); a state that says `cut` always has its cut.
+//! At start-up the driver resumes the export of every cut it finds a state for and removes
+//! everything else here.
+//!
+//! The cuts live in the local store, not in the BackingImage directory: they are this node's
+//! (the volume is), and next to the volumes a reflink copy is possible.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::error::{CsiError, Result};
+use super::files::{self, TMP_PREFIX};
+use super::jobs::Cancel;
+use super::names::is_plain;
+
+const SUFFIX: &str = ".raw";
+
+/// What must be quiesced to cut a volume: the published places of its loop device.
+#[derive(Debug, Clone, Default)]
+pub struct Quiesce {
+    /// Mount targets (ext4 on the volume's loop device) to freeze during the cut.
+    pub mounts: Vec<(PathBuf, PathBuf)>,
+    /// Loop devices whose page cache is flushed before the cut (Block access writes).
+    pub devices: Vec<PathBuf>,
+}
+
+/// The directory of durable cuts.
+#[derive(Debug, Clone)]
+pub struct Cuts {
+    dir: PathBuf,
+}
+
+impl Cuts {
+    pub fn open(dir: PathBuf) -> Result<Cuts> {
+        fs::create_dir_all(&dir)
+            .map_err(|e| CsiError::io(format!("creating {}", dir.display()), e))?;
+        Ok(Cuts { dir })
+    }
+
+    /// Where the cut for the image `name` is kept.
+    pub fn path(&self, name: &str) -> Option<PathBuf> {
+        is_plain(name).then(|| self.dir.join(format!("{name}{SUFFIX}")))
+    }
+
+    /// Whether the cut for `name` exists.
+    pub fn exists(&self, name: &str) -> bool {
+        self.path(name).is_some_and(|p| p.is_file())
+    }
+
+    /// Cuts the volume `disk` for the image `name` and makes the cut durable. Blocking; run it
+    /// off the async runtime. A cancelled cut stops its copy and leaves nothing.
+    pub fn take(&self, name: &str, disk: &Path, quiesce: &Quiesce, cancel: &Cancel) -> Result<()> {
+        let dest = self
+            .path(name)
+            .ok_or_else(|| CsiError::InvalidArgument(format!("bad image name {name:?}")))?;
+        let tmp = files::temp_path(&self.dir, name);
+        let result = cut_volume(disk, quiesce, &tmp, cancel).and_then(|()| {
+            fs::rename(&tmp, &dest)
+                .map_err(|e| CsiError::io(format!("storing the cut of {name}"), e))?;
+            files::sync_dir(&self.dir)
+        });
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Removes the cut of `name`; a missing one is fine.
+    pub fn remove(&self, name: &str) {
+        let Some(path) = self.path(name) else { return };
+        match fs::remove_file(&path) {
+            Ok(()) => tracing::debug!(image = %name, "removed cut"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(image = %name, error = %e, "cannot remove cut"),
+        }
+    }
+
+    /// Start-up: removes temp files and every cut not in `keep` (one whose image is complete,
+    /// deleted, or was never recorded as cut).
+    pub fn clean(&self, keep: &HashSet<String>) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            let kept = file
+                .strip_suffix(SUFFIX)
+                .is_some_and(|name| keep.contains(name));
+            if kept {
+                continue;
+            }
+            let path = entry.path();
+            let result = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            let what = if file.starts_with(TMP_PREFIX) {
+                "removed an interrupted cut"
+            } else {
+                "removed a cut nothing uses"
+            };
+            match result {
+                Ok(()) => tracing::info!(path = %path.display(), "{what}"),
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove"),
+            }
+        }
+    }
+}
+
+/// Takes a point-in-time copy of a volume's disk into `dest` (sparse, reflinked where the
+/// filesystem can) and fsyncs it. Blocking.
+///
+/// The guarantee: the copy holds everything written to the volume before the cut started.
+/// For `Mount` publications the ext4 filesystem is frozen (FIFREEZE, what `fsfreeze -f` does)
+/// for the whole copy, which also writes its dirty pages and journal out to the loop device;
+/// writers block until it is thawed, which always happens, also on error or cancellation. The
+/// loop devices and the disk file are then fsynced, so that data still in the block device's or
+/// the file's page cache is in the file that is copied. The result is crash-consistent: what an
+/// application had not written yet (or only in its own buffers) is not in it.
+pub fn cut_volume(disk: &Path, quiesce: &Quiesce, dest: &Path, cancel: &Cancel) -> Result<()> {
+    let mut frozen: Vec<Frozen> = Vec::new();
+    for (target, device) in &quiesce.mounts {
+        if let Some(f) = Frozen::freeze(target, device)? {
+            frozen.push(f);
+        }
+    }
+    for device in &quiesce.devices {
+        sync_file(device)?;
+    }
+    sync_file(disk)?;
+    let copied = copy(disk, dest, cancel);
+    drop(frozen);
+    copied?;
+    sync_file(dest)
+}
+
+/// `cp` of `disk` to `dest`, killed (and waited for, so that it writes nothing afterwards)
+/// when `cancel` is set.
+fn copy(disk: &Path, dest: &Path, cancel: &Cancel) -> Result<()> {
+    let mut child = Command::new("cp")
+        .arg("--sparse=always")
+        .arg("--reflink=auto")
+        .arg(disk)
+        .arg(dest)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| CsiError::Internal(format!("cannot run cp: {e}")))?;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if cancel.is_cancelled() => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(cancel.error());
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(CsiError::Internal(format!("waiting for cp: {e}"))),
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let mut stderr = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut stderr);
+    }
+    Err(CsiError::Internal(format!(
+        "copying {} failed ({status}): {}",
+        disk.display(),
+        stderr.trim()
+    )))
+}
+
+fn sync_file(path: &Path) -> Result<()> {
+    fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| CsiError::io(format!("syncing {}", path.display()), e))
+}
+
+/// Start-up: thaws the filesystem mounted at `target` if it is the one on `device` and is
+/// frozen. A driver killed during a cut never thawed what it froze, and every writer of that
+/// volume would hang until someone did.
+pub fn thaw_leftover(target: &Path, device: &Path) {
+    use std::os::unix::io::AsRawFd;
+    let dir = match open_mount_of(target, device) {
+        Ok(Some(dir)) => dir,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::debug!(target = %target.display(), error = %e, "not checking for a freeze");
+            return;
+        }
+    };
+    // SAFETY: as for FIFREEZE. EINVAL: it was not frozen, the usual case.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), FITHAW as _, 0) };
+    if rc == 0 {
+        tracing::warn!(target = %target.display(), "thawed a filesystem an interrupted cut left frozen");
+    }
+}
+
+/// The directory `target`, opened, if it is the root of a mount of `device`: freezing or
+/// thawing a directory that is no longer such a mount point would act on the host filesystem
+/// that holds it.
+fn open_mount_of(target: &Path, device: &Path) -> Result<Option<fs::File>> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let dir = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(target)
+    {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(CsiError::io(format!("opening {}", target.display()), e)),
+    };
+    let dev = fs::metadata(device).map_err(|e| CsiError::io(format!("{}", device.display()), e))?;
+    let here = dir
+        .metadata()
+        .map_err(|e| CsiError::io(format!("{}", target.display()), e))?;
+    if here.dev() != dev.rdev() {
+        tracing::info!(target = %target.display(), "not a mount of the volume any more");
+        return Ok(None);
+    }
+    Ok(Some(dir))
+}
+
+/// `_IOWR('X', 119, int)` and `_IOWR('X', 120, int)` from `linux/fs.h`.
+const FIFREEZE: u64 = 0xC004_5877;
+const FITHAW: u64 = 0xC004_5878;
+
+/// A frozen filesystem; thawed when dropped.
+struct Frozen {
+    dir: fs::File,
+    target: PathBuf,
+}
+
+impl Frozen {
+    /// Freezes the filesystem mounted at `target`, which must be the one on `device`
+    /// ([`open_mount_of`]). The open directory also keeps the mount from going away while frozen. `None` when `target` is no
+    /// longer a mount of `device`, or when the filesystem is frozen already (another target
+    /// of the same device was frozen first: they share one superblock).
+    fn freeze(target: &Path, device: &Path) -> Result<Option<Frozen>> {
+        use std::os::unix::io::AsRawFd;
+        let Some(dir) = open_mount_of(target, device)? else {
+            return Ok(None);
+        };
+        // SAFETY: FIFREEZE takes no argument; the fd is open for the duration of the call.
+        let rc = unsafe { libc::ioctl(dir.as_raw_fd(), FIFREEZE as _, 0) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                return Ok(None);
+            }
+            return Err(CsiError::io(format!("freezing {}", target.display()), e));
+        }
+        tracing::debug!(target = %target.display(), "froze filesystem");
+        Ok(Some(Frozen {
+            dir,
+            target: target.to_owned(),
+        }))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: as for FIFREEZE.
+        let rc = unsafe { libc::ioctl(self.dir.as_raw_fd(), FITHAW as _, 0) };
+        if rc != 0 {
+            tracing::error!(target = %self.target.display(), error = %std::io::Error::last_os_error(),
+                "cannot thaw filesystem; run fsfreeze -u on it");
+        } else {
+            tracing::debug!(target = %self.target.display(), "thawed filesystem");
+        }
+    }
+}
