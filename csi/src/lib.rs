@@ -28,6 +28,7 @@
 pub mod backing_image;
 pub mod command;
 pub mod controller;
+pub mod copy;
 pub mod download;
 pub mod error;
 pub mod export;
