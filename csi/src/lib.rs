@@ -80,8 +80,9 @@ pub struct Config {
     pub image_wait: Duration,
     /// The directory `file://` download URLs may read from; `None` disables them.
     pub file_root: Option<PathBuf>,
-    /// Refuse http(s) download URLs whose host is a loopback, link-local or private address.
-    pub deny_private_urls: bool,
+    /// Allow http(s) download URLs whose host is (or resolves to) a loopback, link-local or
+    /// private address; refused otherwise.
+    pub allow_private_urls: bool,
     /// The largest image a download may produce, in bytes.
     pub max_image_size: u64,
     /// A download that receives nothing for this long fails.
@@ -93,7 +94,7 @@ impl Config {
     pub fn download_policy(&self) -> download::Policy {
         download::Policy {
             file_root: self.file_root.clone(),
-            deny_private: self.deny_private_urls,
+            allow_private: self.allow_private_urls,
             max_size: self.max_image_size,
             idle_timeout: self.download_idle_timeout,
         }

@@ -29,6 +29,8 @@ use tonic::Code;
 
 const BIN: &str = env!("CARGO_BIN_EXE_layerfs-csi");
 const MIB: i64 = 1 << 20;
+/// Download tests fetch from 127.0.0.1, which the driver refuses unless told otherwise.
+const ALLOW_LOCAL: &str = "--allow-private-urls";
 
 // ---------------------------------------------------------------------------------------------
 // Harness
@@ -419,6 +421,10 @@ struct HttpServer {
     hold: Arc<std::sync::atomic::AtomicBool>,
     /// Paths whose body stops after this many bytes (the connection stays open, silent).
     stalls: Arc<Mutex<HashMap<String, usize>>>,
+    /// The Content-Type sent for a path (none by default).
+    types: Arc<Mutex<HashMap<String, String>>>,
+    /// Requests received.
+    requests: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl HttpServer {
@@ -431,12 +437,18 @@ impl HttpServer {
         let held = Arc::clone(&hold);
         let stalls: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
         let stalling = Arc::clone(&stalls);
+        let types: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+        let typing = Arc::clone(&types);
+        let requests: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let counted = Arc::clone(&requests);
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let files = Arc::clone(&served);
                 let held = Arc::clone(&held);
                 let stalling = Arc::clone(&stalling);
+                let typing = Arc::clone(&typing);
                 std::thread::spawn(move || {
                     let deadline = Instant::now() + Duration::from_secs(60);
                     while held.load(std::sync::atomic::Ordering::SeqCst)
@@ -459,6 +471,11 @@ impl HttpServer {
                         .lock()
                         .map(|s| s.get(&path).copied())
                         .unwrap_or(None);
+                    let kind = typing
+                        .lock()
+                        .map(|t| t.get(&path).map(|t| format!("Content-Type: {t}\r\n")))
+                        .unwrap_or(None)
+                        .unwrap_or_default();
                     if let (Some(body), Some(after)) = (&body, stall) {
                         let _ = stream
                             .write_all(
@@ -477,7 +494,7 @@ impl HttpServer {
                         Some(body) => stream
                             .write_all(
                                 format!(
-                                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                    "HTTP/1.1 200 OK\r\n{kind}Content-Length: {}\r\nConnection: close\r\n\r\n",
                                     body.len()
                                 )
                                 .as_bytes(),
@@ -495,7 +512,13 @@ impl HttpServer {
             files,
             hold,
             stalls,
+            types,
+            requests,
         }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn serve(&self, path: &str, body: Vec<u8>) -> String {
@@ -746,7 +769,7 @@ async fn mount_volume_snapshot_restore() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn scenario_3_preprovisioned_download() {
-    let server = Server::start();
+    let server = Server::start_with(&[ALLOW_LOCAL]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let work = server.path().join("targets");
@@ -808,7 +831,7 @@ async fn scenario_3_preprovisioned_download() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn scenario_4_on_demand_download_and_export() {
-    let server = Server::start();
+    let server = Server::start_with(&[ALLOW_LOCAL]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let work = server.path().join("targets");
@@ -1113,7 +1136,7 @@ async fn volume_errors_and_idempotency() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn download_failures_leave_nothing_behind() {
-    let server = Server::start();
+    let server = Server::start_with(&[ALLOW_LOCAL]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let raw = pattern(2 * MIB as usize, 5);
@@ -1333,7 +1356,7 @@ async fn list_snapshots_filters_and_pages() {
 /// volume exists (it holds its own copy) it can.
 #[tokio::test(flavor = "multi_thread")]
 async fn image_in_use_cannot_be_deleted() {
-    let server = Server::start();
+    let server = Server::start_with(&[ALLOW_LOCAL]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let raw = pattern(MIB as usize, 21);
@@ -1575,7 +1598,8 @@ async fn snapshot_of_published_volume_is_point_in_time() {
 }
 
 /// `file://` URLs: disabled without `--file-root`; with it, only regular files below the root,
-/// never through a symlink, never a FIFO. `--deny-private-urls` refuses loopback hosts.
+/// never through a symlink, never a FIFO. Loopback hosts are refused by default; the old
+/// `--deny-private-urls` is still accepted.
 #[tokio::test(flavor = "multi_thread")]
 async fn file_urls_are_confined() {
     let code = |r: Result<Volume, tonic::Status>| r.map(|_| Code::Ok).unwrap_or_else(|s| s.code());
@@ -1653,7 +1677,13 @@ async fn file_urls_are_confined() {
 /// work.
 #[tokio::test(flavor = "multi_thread")]
 async fn stalled_download_fails() {
-    let server = Server::start_with(&["--download-idle-timeout", "2", "--image-wait", "20"]);
+    let server = Server::start_with(&[
+        ALLOW_LOCAL,
+        "--download-idle-timeout",
+        "2",
+        "--image-wait",
+        "20",
+    ]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let raw = pattern(4 * MIB as usize, 1);
@@ -1755,4 +1785,100 @@ fn a_caller_who_is_not_root_is_refused_in_the_daemon_s_words() {
         String::from_utf8_lossy(&out.stderr),
         "layerfs-csi: unix:///run/layerfs/test-csi.sock: permission denied (root only)\n"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Downloads are safe by default
+
+/// Without `--allow-private-urls`, URLs of loopback hosts are refused up front, whether the
+/// host is an address, `localhost` or another name that resolves to a loopback address; the
+/// server is never contacted.
+#[tokio::test(flavor = "multi_thread")]
+async fn private_urls_are_refused_by_default() {
+    let server = Server::start();
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let url = http.serve("/local.raw", pattern(MIB as usize, 4));
+    let mut urls = vec![
+        url.clone(),
+        url.replace("127.0.0.1", "localhost"),
+        url.replace("127.0.0.1", "[::ffff:127.0.0.1]"),
+    ];
+    // A name of this host that /etc/hosts maps to a loopback address: refused when resolved.
+    let hosts = fs::read_to_string("/etc/hosts").unwrap_or_default();
+    let alias = hosts
+        .lines()
+        .filter(|l| l.starts_with("127."))
+        .flat_map(|l| l.split_whitespace().skip(1))
+        .find(|n| !n.contains("localhost"));
+    if let Some(name) = alias {
+        urls.push(url.replace("127.0.0.1", name));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        let handle = format!(
+            "bi://backing?backingImage=local-{i}&backingImageDataSourceType=download&url={url}"
+        );
+        let err = c
+            .create_volume_retrying(volume_req(
+                &format!("pvc-local-{i}"),
+                4 * MIB,
+                Some(&handle),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{url}: {err:?}");
+        assert!(
+            err.message().contains("--allow-private-urls"),
+            "{url}: {}",
+            err.message()
+        );
+    }
+    assert_eq!(http.requests(), 0, "a refused URL was fetched");
+    assert_eq!(visible_images(&server), Vec::<String>::new());
+}
+
+/// An answer that is an HTML page is no image: refused by its Content-Type, or, without one,
+/// by its first bytes. Nothing is kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn html_answers_are_refused() {
+    let server = Server::start_with(&[ALLOW_LOCAL]);
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let mut page = b"<!DOCTYPE html>\n<html><body>Sign in</body></html>\n".to_vec();
+    page.resize(64 * 1024, b' ');
+    let typed = http.serve("/typed.raw", pattern(MIB as usize, 8));
+    http.types
+        .lock()
+        .unwrap()
+        .insert("/typed.raw".into(), "text/html; charset=utf-8".into());
+    let sniffed = http.serve("/login", page);
+    for (name, url, words) in [
+        ("typed", &typed, "Content-Type"),
+        ("sniffed", &sniffed, "HTML"),
+    ] {
+        let handle = format!(
+            "bi://backing?backingImage={name}&backingImageDataSourceType=download&url={url}"
+        );
+        let err = c
+            .create_volume_retrying(volume_req(&format!("pvc-{name}"), 4 * MIB, Some(&handle)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{name}: {err:?}");
+        assert!(err.message().contains(words), "{name}: {}", err.message());
+    }
+    assert_eq!(visible_images(&server), Vec::<String>::new());
+    assert_eq!(temps_under(&server.images_dir()), Vec::<PathBuf>::new());
+    // An image labelled as one is fine.
+    let ok = http.serve("/ok.raw", pattern(MIB as usize, 8));
+    http.types
+        .lock()
+        .unwrap()
+        .insert("/ok.raw".into(), "application/octet-stream".into());
+    let handle =
+        format!("bi://backing?backingImage=ok&backingImageDataSourceType=download&url={ok}");
+    let vol = c
+        .create_volume_retrying(volume_req("pvc-ok", 4 * MIB, Some(&handle)))
+        .await
+        .unwrap();
+    c.delete_volume(&vol.volume_id).await;
 }
