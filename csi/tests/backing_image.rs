@@ -780,6 +780,7 @@ async fn scenario_3_preprovisioned_download() {
     let handle = format!(
         "bi://backing?backingImageDataSourceType=download&backingImage=bi-test&url={url}&backingImageChecksum={sum}"
     );
+    // Nothing is fetched yet: ListSnapshots does not vouch for the handle, nor fetch it.
     let listed = c
         .list(ListSnapshotsRequest {
             snapshot_id: handle.clone(),
@@ -787,14 +788,8 @@ async fn scenario_3_preprovisioned_download() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        listed.entries.len(),
-        1,
-        "a pre-provisioned handle is listed"
-    );
-    let entry = listed.entries[0].snapshot.clone().unwrap();
-    assert_eq!(entry.snapshot_id, handle);
-    assert!(entry.ready_to_use);
+    assert!(listed.entries.is_empty(), "{listed:?}");
+    assert_eq!(http.requests(), 0, "ListSnapshots fetched the image");
 
     let vol = c
         .create_volume_retrying(volume_req("pvc-download", 16 * MIB, Some(&handle)))
@@ -809,7 +804,7 @@ async fn scenario_3_preprovisioned_download() {
     let (got, size) = c.read_block(&vol.volume_id, &work, 0, raw.len()).await;
     assert_eq!(size, 16 * MIB as u64);
     assert!(got == raw, "restored bytes differ");
-    // Listed now with its real size.
+    // Listed now, ready, with its real size.
     let listed = c
         .list(ListSnapshotsRequest {
             snapshot_id: handle.clone(),
@@ -817,10 +812,11 @@ async fn scenario_3_preprovisioned_download() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        listed.entries[0].snapshot.as_ref().unwrap().size_bytes,
-        8 * MIB
-    );
+    assert_eq!(listed.entries.len(), 1, "{listed:?}");
+    let entry = listed.entries[0].snapshot.clone().unwrap();
+    assert_eq!(entry.snapshot_id, handle);
+    assert!(entry.ready_to_use);
+    assert_eq!(entry.size_bytes, 8 * MIB);
     c.delete_volume(&vol.volume_id).await;
     c.delete_snapshot(&handle).await.unwrap();
     assert!(state_of(&server, "bi-test").is_none());
@@ -1788,7 +1784,114 @@ fn a_caller_who_is_not_root_is_refused_in_the_daemon_s_words() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Downloads are safe by default
+// ListSnapshots tells the truth; downloads are safe by default
+
+async fn listed(c: &mut Clients, id: &str) -> Vec<Snapshot> {
+    c.list(ListSnapshotsRequest {
+        snapshot_id: id.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("ListSnapshots")
+    .entries
+    .into_iter()
+    .filter_map(|e| e.snapshot)
+    .collect()
+}
+
+/// A handle is listed only when its image exists, and ready only when the image is complete,
+/// checksummed and still there. Handles whose image was deleted, never made, or cannot be
+/// fetched name no snapshot; ListSnapshots never fetches anything itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_snapshots_tells_the_truth() {
+    let server = Server::start_with(&[ALLOW_LOCAL]);
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let vol = c
+        .create_volume(volume_req("pvc-truth", 4 * MIB, None))
+        .await
+        .unwrap();
+
+    // A snapshot, deleted: its handle is gone from the list.
+    let snap = c
+        .snapshot_ready(snapshot_req("truth-1", &vol.volume_id, "raw"))
+        .await;
+    assert!(listed(&mut c, &snap.snapshot_id).await[0].ready_to_use);
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    assert_eq!(listed(&mut c, &snap.snapshot_id).await, vec![]);
+
+    // An export handle never made, of an existing volume.
+    let never = format!(
+        "bi://backing?backingImage=never&backingImageDataSourceType=export-from-volume&export-type=raw&volume-name={}",
+        vol.volume_id
+    );
+    assert_eq!(listed(&mut c, &never).await, vec![]);
+
+    // Download handles whose URL answers 404, refuses connections, or was never fetched.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let good = http.serve("/truth.raw", pattern(2 * MIB as usize, 9));
+    for url in [
+        format!("http://127.0.0.1:{}/missing.raw", http.port),
+        format!("http://127.0.0.1:{port}/x.raw"),
+        "http://127.0.0.1:1/x.raw".to_owned(),
+        good.clone(),
+    ] {
+        let id =
+            format!("bi://backing?backingImage=dl&backingImageDataSourceType=download&url={url}");
+        assert_eq!(listed(&mut c, &id).await, vec![], "{url}");
+    }
+    assert_eq!(http.requests(), 0, "ListSnapshots fetched something");
+    // A failed download leaves no snapshot either.
+    let gone = format!(
+        "bi://backing?backingImage=gone&backingImageDataSourceType=download&url=http://127.0.0.1:{}/missing.raw",
+        http.port
+    );
+    let err = c
+        .create_volume_retrying(volume_req("pvc-gone", 4 * MIB, Some(&gone)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert_eq!(listed(&mut c, &gone).await, vec![]);
+
+    // A download in progress is listed, not ready; once verified, ready.
+    http.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let handle = format!(
+        "bi://backing?backingImage=truth-dl&backingImageDataSourceType=download&url={good}"
+    );
+    let mut creator = server.clients().await;
+    let req = volume_req("pvc-truth-dl", 4 * MIB, Some(&handle));
+    let task = tokio::spawn(async move { creator.create_volume_retrying(req).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_of(&server, "truth-dl").is_none() {
+        assert!(Instant::now() < deadline, "the download never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pending = listed(&mut c, &handle).await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert!(!pending[0].ready_to_use);
+    http.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    let restored = task.await.unwrap().unwrap();
+    let ready = listed(&mut c, &handle).await;
+    assert!(ready[0].ready_to_use);
+    assert_eq!(ready[0].size_bytes, 2 * MIB);
+
+    // An image file that went away: listed, not ready.
+    fs::remove_file(server.images_dir().join("truth-dl.img")).unwrap();
+    let broken = listed(&mut c, &handle).await;
+    assert_eq!(broken.len(), 1);
+    assert!(!broken[0].ready_to_use);
+    let all = c.list(ListSnapshotsRequest::default()).await.unwrap();
+    assert!(all
+        .entries
+        .iter()
+        .all(|e| !e.snapshot.as_ref().unwrap().ready_to_use));
+
+    c.delete_snapshot(&handle).await.unwrap();
+    c.delete_volume(&restored.volume_id).await;
+    c.delete_volume(&vol.volume_id).await;
+}
 
 /// Without `--allow-private-urls`, URLs of loopback hosts are refused up front, whether the
 /// host is an address, `localhost` or another name that resolves to a loopback address; the
