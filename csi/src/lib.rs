@@ -22,8 +22,8 @@
 //!
 //! Modules: [`jobs`] runs the background copies; [`server`] serves the three gRPC services ([`identity`], [`controller`], [`node`])
 //! over a unix socket; [`volumes`] and [`backing_image`] are the two stores; [`export`] and
-//! [`download`] produce image files; [`mounts`] does loop devices and mounts; [`names`] maps
-//! CSI names to safe on-disk names.
+//! [`download`] produce image files, writing and checksumming them in one pass with [`copy`];
+//! [`mounts`] does loop devices and mounts; [`names`] maps CSI names to safe on-disk names.
 
 pub mod backing_image;
 pub mod command;
