@@ -44,12 +44,17 @@ mkdir -p "$SCRATCH"
 RUN=$(mktemp -d "$SCRATCH/run.XXXXXX")
 DRIVER_PID=
 HTTP_PID=
+CLIENT_PID=
 cleanup() {
-    [ -n "$DRIVER_PID" ] && kill "$DRIVER_PID" 2>/dev/null && wait "$DRIVER_PID" 2>/dev/null
-    [ -n "$HTTP_PID" ] && kill "$HTTP_PID" 2>/dev/null && wait "$HTTP_PID" 2>/dev/null
+    set +e
+    for pid in $CLIENT_PID $DRIVER_PID $HTTP_PID; do
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
     rm -rf "$RUN"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 SOCKET=$RUN/csi.sock
 STORE=$RUN/store
@@ -65,7 +70,14 @@ start_driver() {
     cat "$RUN/driver.log" >&2
     die "the driver did not start"
 }
-client() { "$CLIENT" "$SOCKET" "$@"; }
+# In the background, so that a signal reaches the trap at once (bash runs traps only between
+# commands, not while it waits for a foreground one).
+client() {
+    "$CLIENT" "$SOCKET" "$@" &
+    CLIENT_PID=$!
+    wait "$CLIENT_PID"
+    CLIENT_PID=
+}
 seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
 median() { sort -g | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.3f\n", m}'; }
 
@@ -83,7 +95,8 @@ for round in $(seq "$REPEAT"); do
     sync
     sha512sum "$disk" >/dev/null # both start from a warm page cache
     export_sha+=("$(seconds sha512sum "$disk")")
-    export_csi+=("$(client snapshot "bench-snap-$round" "$vol")")
+    client snapshot "bench-snap-$round" "$vol" >"$RUN/took"
+    export_csi+=("$(cat "$RUN/took")")
     log "export round $round: sha512sum ${export_sha[-1]}s, CreateSnapshot until ready ${export_csi[-1]}s"
 done
 
@@ -106,7 +119,8 @@ for round in $(seq "$REPEAT"); do
     dl_sha+=("$(seconds sha512sum "$SERVE/image.raw")")
     dl_curl+=("$(seconds curl -s -f -o "$RUN/curl.raw" "$URL")")
     rm -f "$RUN/curl.raw"
-    dl_csi+=("$(client download "bench-dl-$round" "$URL" "$IMAGES/bench-dl-$round.json")")
+    client download "bench-dl-$round" "$URL" "$IMAGES/bench-dl-$round.json" >"$RUN/took"
+    dl_csi+=("$(cat "$RUN/took")")
     rm -f "$IMAGES/bench-dl-$round.img" # keep the scratch area small
     log "download round $round: curl ${dl_curl[-1]}s, sha512sum ${dl_sha[-1]}s, layerfs-csi ${dl_csi[-1]}s"
 done
