@@ -415,8 +415,10 @@ impl Images {
         let name = state.name.clone();
         if export_type == export::RAW {
             let (src, dest) = (src.to_owned(), dest.to_owned());
+            let stop = copy::StopOnDrop(Arc::default());
+            let stopped = Arc::clone(&stop.0);
             let copied = tokio::task::spawn_blocking(move || {
-                copy::copy_file(&src, &dest, &mut |done, total| {
+                copy::copy_file(&src, &dest, &stopped, &mut |done, total| {
                     tracing::info!(image = %name, done, total, "exporting");
                     worker.set_progress(&name, done, total);
                 })

@@ -12,7 +12,9 @@ use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -217,9 +219,11 @@ fn next_data(file: &File, offset: u64, len: u64) -> io::Result<Option<(u64, u64)
 }
 
 /// Feeds every byte of `src` to `out`, reading only its data segments; holes go in as zeros.
+/// Stops with [`Cancelled`] once `stop` is set.
 fn pump_sparse(
     src: &File,
     out: &mut HashingWriter,
+    stop: &AtomicBool,
     progress: &mut dyn FnMut(u64, u64),
 ) -> io::Result<()> {
     let len = src.metadata()?.len();
@@ -233,6 +237,9 @@ fn pump_sparse(
         }
         pos = start;
         while pos < end {
+            if stop.load(Ordering::Relaxed) {
+                return Err(io::Error::other(Cancelled));
+            }
             let mut buf = out.buffer();
             let want = ((end - pos) as usize).min(CHUNK);
             let n = read_full_at(src, &mut buf[..want], pos)?;
@@ -269,9 +276,37 @@ fn read_full_at(src: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     Ok(done)
 }
 
+/// Why a copy stopped early: its caller set the stop flag.
+#[derive(Debug)]
+struct Cancelled;
+
+impl std::fmt::Display for Cancelled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("cancelled")
+    }
+}
+
+impl std::error::Error for Cancelled {}
+
+/// Sets a stop flag when dropped: a copy on a blocking thread ends with the task that
+/// waited for it, as a child process killed on drop would.
+pub struct StopOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Copies `src` to a new file `dest` (sparse, fsynced) and checksums it in the same pass.
-/// `progress(done, total)` is called about once a second. Blocking.
-pub fn copy_file(src: &Path, dest: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Copied> {
+/// `progress(done, total)` is called about once a second; setting `stop` ends the copy with
+/// `ABORTED`. Blocking.
+pub fn copy_file(
+    src: &Path,
+    dest: &Path,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Copied> {
     let input =
         File::open(src).map_err(|e| CsiError::io(format!("opening {}", src.display()), e))?;
     let output = File::options()
@@ -280,7 +315,10 @@ pub fn copy_file(src: &Path, dest: &Path, progress: &mut dyn FnMut(u64, u64)) ->
         .open(dest)
         .map_err(|e| CsiError::io(format!("creating {}", dest.display()), e))?;
     let mut out = HashingWriter::new(output);
-    pump_sparse(&input, &mut out, progress).map_err(|e| {
+    pump_sparse(&input, &mut out, stop, progress).map_err(|e| {
+        if e.get_ref().is_some_and(|inner| inner.is::<Cancelled>()) {
+            return CsiError::Aborted(format!("copying {} was cancelled", src.display()));
+        }
         CsiError::io(
             format!("copying {} to {}", src.display(), dest.display()),
             e,
@@ -422,7 +460,7 @@ mod tests {
         let (src, whole) = sparse_file(dir.path());
         let dest = dir.path().join("dest.img");
         let mut calls = 0;
-        let got = copy_file(&src, &dest, &mut |_, _| calls += 1).unwrap();
+        let got = copy_file(&src, &dest, &AtomicBool::new(false), &mut |_, _| calls += 1).unwrap();
         let expected = hex(&Sha512::digest(&whole));
         assert_eq!(got.size, whole.len() as u64);
         assert_eq!(got.sha512, expected);
@@ -437,7 +475,11 @@ mod tests {
             blocks(&dest)
         );
         // The destination must be new.
-        assert!(copy_file(&src, &dest, &mut |_, _| {}).is_err());
+        assert!(copy_file(&src, &dest, &AtomicBool::new(false), &mut |_, _| {}).is_err());
+        // A stopped copy ends early, as ABORTED.
+        let stop = AtomicBool::new(true);
+        let err = copy_file(&src, &dir.path().join("stopped"), &stop, &mut |_, _| {}).unwrap_err();
+        assert!(matches!(err, CsiError::Aborted(_)), "{err}");
     }
 
     #[test]
@@ -445,14 +487,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("empty");
         File::create(&empty).unwrap();
-        let got = copy_file(&empty, &dir.path().join("e2"), &mut |_, _| {}).unwrap();
+        let got = copy_file(
+            &empty,
+            &dir.path().join("e2"),
+            &AtomicBool::new(false),
+            &mut |_, _| {},
+        )
+        .unwrap();
         assert_eq!(got.sha512, hex(&Sha512::digest(b"")));
         let holes = dir.path().join("holes");
         File::create(&holes)
             .unwrap()
             .set_len(3 * CHUNK as u64 + 1)
             .unwrap();
-        let got = copy_file(&holes, &dir.path().join("h2"), &mut |_, _| {}).unwrap();
+        let got = copy_file(
+            &holes,
+            &dir.path().join("h2"),
+            &AtomicBool::new(false),
+            &mut |_, _| {},
+        )
+        .unwrap();
         assert_eq!(got.size, 3 * CHUNK as u64 + 1);
         assert_eq!(got.sha512, hex(&Sha512::digest(vec![0u8; 3 * CHUNK + 1])));
     }
