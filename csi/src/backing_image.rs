@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tonic::Code;
 
+use super::copy;
 use super::cut::{Cuts, Quiesce};
 use super::download;
 use super::error::{CsiError, Result};
@@ -493,27 +494,55 @@ impl Images {
         let tmp = TempFile(Some(work.0.join(name)));
         let dest = tmp.0.clone().unwrap_or_default();
         tracing::info!(image = %name, export_type = %export_type, "exporting volume");
-        let total = state.virtual_size;
-        let mut last = Instant::now();
-        let worker = Arc::clone(self);
-        let owned = name.clone();
         let convert = async {
-            export::convert_with_progress(&src, export::RAW, &dest, export_type, move |pct| {
-                if last.elapsed() >= PROGRESS_EVERY || pct >= 100.0 {
-                    let done = (total as f64 * pct / 100.0) as u64;
-                    tracing::info!(image = %owned, done, total, "exporting");
-                    worker.set_progress(&owned, done, total);
-                    last = Instant::now();
-                }
-            })
-            .await?;
-            self.finish(name, tmp).await
+            let sum = self.convert(state, &src, &dest, export_type).await?;
+            self.finish(name, tmp, sum).await
         };
-        // Dropping the conversion kills qemu-img; `work` then removes what it wrote.
+        // Dropping the conversion stops it; `work` then removes what it wrote.
         tokio::select! {
             result = convert => result,
             _ = cancel.cancelled() => Err(cancel.error()),
         }
+    }
+
+    /// Converts the cut `src` into `dest` as `export_type`: a raw export is a sparse copy,
+    /// checksummed on the way (its SHA-512 is returned); qcow2 is converted by `qemu-img`.
+    /// Dropping the future stops either (the copy sees its stop flag; qemu-img is killed).
+    async fn convert(
+        self: &Arc<Self>,
+        state: &ImageState,
+        src: &Path,
+        dest: &Path,
+        export_type: &str,
+    ) -> Result<Option<String>> {
+        let worker = Arc::clone(self);
+        let name = state.name.clone();
+        if export_type == export::RAW {
+            let (src, dest) = (src.to_owned(), dest.to_owned());
+            let stop = copy::StopOnDrop(Arc::default());
+            let stopped = Arc::clone(&stop.0);
+            let copied = tokio::task::spawn_blocking(move || {
+                copy::copy_file(&src, &dest, &stopped, &mut |done, total| {
+                    tracing::info!(image = %name, done, total, "exporting");
+                    worker.set_progress(&name, done, total);
+                })
+            })
+            .await
+            .map_err(|e| CsiError::Internal(format!("export task failed: {e}")))??;
+            return Ok(Some(copied.sha512));
+        }
+        let total = state.virtual_size;
+        let mut last = Instant::now();
+        export::convert_with_progress(src, export::RAW, dest, export_type, move |pct| {
+            if last.elapsed() >= PROGRESS_EVERY || pct >= 100.0 {
+                let done = (total as f64 * pct / 100.0) as u64;
+                tracing::info!(image = %name, done, total, "exporting");
+                worker.set_progress(&name, done, total);
+                last = Instant::now();
+            }
+        })
+        .await?;
+        Ok(None)
     }
 
     /// Deletes the image `name`: stops this node's job preparing it first, if any, and waits
@@ -616,7 +645,7 @@ impl Images {
                     )));
                 }
             }
-            images.finish(&state.name, tmp).await
+            images.finish(&state.name, tmp, Some(got.sha512)).await
         });
     }
 
@@ -637,8 +666,9 @@ impl Images {
         self.store.save(&state)
     }
 
-    /// Verifies a prepared file and moves it into place as the image `name`.
-    async fn finish(&self, name: &str, mut tmp: TempFile) -> Result<()> {
+    /// Verifies a prepared file and moves it into place as the image `name`. `sum` is its
+    /// SHA-512 when computed while it was written; otherwise it is read again for it.
+    async fn finish(&self, name: &str, mut tmp: TempFile, sum: Option<String>) -> Result<()> {
         let path = tmp.0.clone().unwrap_or_default();
         let ImageInfo {
             format,
@@ -647,7 +677,10 @@ impl Images {
         let size = fs::metadata(&path)
             .map_err(|e| CsiError::io(format!("image {name}"), e))?
             .len();
-        let sum = export::sha512_file(&path).await?;
+        let sum = match sum {
+            Some(sum) => sum,
+            None => export::sha512_file(&path).await?,
+        };
         let Some(mut state) = self.store.get(name)? else {
             return Err(CsiError::NotFound(format!(
                 "backing image {name} was deleted while being prepared"

@@ -642,7 +642,7 @@ impl ControllerService {
                     continue;
                 }
                 let id = state.handle();
-                found.push(snapshot_of(&state, id));
+                found.extend(self.listed(&state, id));
             }
         }
         let (entries, next_token) = page(found, req.max_entries, &req.starting_token)?;
@@ -655,9 +655,10 @@ impl ControllerService {
         })
     }
 
-    /// The snapshot a `bi://` id stands for: its image if it exists and matches, or, for a
-    /// pre-provisioned handle whose image can be produced on demand, an entry that is ready
-    /// (the image is produced by the first CreateVolume).
+    /// The snapshot a `bi://` id stands for: its image, when one exists and matches the
+    /// handle. A handle whose image does not exist (never made, deleted, or a download that
+    /// failed) names no snapshot: the list is empty, as the spec wants for an unknown id.
+    /// Whether a URL would answer is not asked here: ListSnapshots reads local state only.
     fn resolve_snapshot(&self, id: &str) -> Result<Option<Snapshot>> {
         let Ok(handle) = BiHandle::decode(id) else {
             return Ok(None);
@@ -669,44 +670,48 @@ impl ControllerService {
             Ok(c) => c,
             Err(_) => return Ok(None),
         };
-        if let Some(state) = self.0.images.store.get(&image)? {
-            return Ok(check_matches(&state, &handle, checksum.as_deref())
-                .ok()
-                .map(|()| snapshot_of(&state, id.to_owned())));
-        }
-        let producible = match handle.source_type.as_str() {
-            SOURCE_DOWNLOAD => handle
-                .params
-                .get(KEY_URL)
-                .is_some_and(|u| download::check_url(u, &self.0.config.download_policy()).is_ok())
-                .then_some((String::new(), 0)),
-            SOURCE_EXPORT => {
-                let volume = handle
-                    .params
-                    .get(KEY_VOLUME_NAME)
-                    .cloned()
-                    .unwrap_or_default();
-                let export_ok = handle
-                    .params
-                    .get(KEY_EXPORT_TYPE)
-                    .is_some_and(|t| check_export_type(t).is_ok());
-                match disk_name("volume", &volume) {
-                    Ok(vid) if export_ok && self.0.volumes.get(&vid)?.is_some() => {
-                        Some((vid.clone(), self.0.volumes.capacity(&vid)?))
-                    }
-                    _ => None,
-                }
-            }
-            _ => None,
+        let Some(state) = self.0.images.store.get(&image)? else {
+            return Ok(None);
         };
-        Ok(producible.map(|(source, size)| Snapshot {
-            size_bytes: i64::try_from(size).unwrap_or(i64::MAX),
-            snapshot_id: id.to_owned(),
-            source_volume_id: source,
-            creation_time: Some(timestamp(files::now_secs())),
-            ready_to_use: true,
-            group_snapshot_id: String::new(),
-        }))
+        if check_matches(&state, &handle, checksum.as_deref()).is_err() {
+            return Ok(None);
+        }
+        Ok(self.listed(&state, id.to_owned()))
+    }
+
+    /// How an image is listed: not at all while its export is still being cut (it is no
+    /// snapshot yet); ready only when its file is complete, checksummed and still there.
+    fn listed(&self, state: &ImageState, snapshot_id: String) -> Option<Snapshot> {
+        if state.source_type == SOURCE_EXPORT && !state.cut && !state.ready {
+            return None;
+        }
+        let mut snap = snapshot_of(state, snapshot_id);
+        snap.ready_to_use = self.checks_out(state);
+        Some(snap)
+    }
+
+    /// Whether a ready image's file is there, as it was when it was verified: the size its
+    /// checksum was computed over. The checksum itself is not recomputed on every call.
+    fn checks_out(&self, state: &ImageState) -> bool {
+        if !state.ready || state.current_checksum.is_none() {
+            return false;
+        }
+        let Some(path) = self.0.images.store.data_path(&state.name) else {
+            return false;
+        };
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() && meta.len() == state.size => true,
+            Ok(meta) => {
+                tracing::warn!(image = %state.name, size = meta.len(), expected = state.size,
+                    "backing image file changed since it was verified; listed as not ready");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(image = %state.name, error = %e,
+                    "backing image file is missing; listed as not ready");
+                false
+            }
+        }
     }
 }
 

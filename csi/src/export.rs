@@ -1,10 +1,7 @@
 //! Image conversions with `qemu-img`: exporting a volume's cut ([`super::cut`]) to raw or
 //! qcow2, restoring an image into a raw volume, probing what a file is, and checksumming it.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-
-use sha2::{Digest, Sha512};
 
 use super::command::run;
 use super::error::{CsiError, Result};
@@ -159,24 +156,9 @@ pub async fn probe(path: &Path) -> Result<ImageInfo> {
 /// SHA-512 of a whole file, as 128 lower-case hex digits.
 pub async fn sha512_file(path: &Path) -> Result<String> {
     let path: PathBuf = path.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let mut file = std::fs::File::open(&path)
-            .map_err(|e| CsiError::io(format!("opening {}", path.display()), e))?;
-        let mut hasher = Sha512::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file
-                .read(&mut buf)
-                .map_err(|e| CsiError::io(format!("reading {}", path.display()), e))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        Ok(hex(&hasher.finalize()))
-    })
-    .await
-    .map_err(|e| CsiError::Internal(format!("checksum task failed: {e}")))?
+    tokio::task::spawn_blocking(move || super::copy::sha512_file(&path))
+        .await
+        .map_err(|e| CsiError::Internal(format!("checksum task failed: {e}")))?
 }
 
 pub fn hex(bytes: &[u8]) -> String {

@@ -22,15 +22,19 @@
 //! restart them; the retry finds the job and waits for it again. The controller lock guards
 //! only state changes.
 //!
-//! Modules: [`jobs`] runs the background copies; [`server`] serves the three gRPC services ([`identity`], [`controller`], [`node`])
-//! over a unix socket; [`volumes`] and [`backing_image`] are the two stores; [`cut`] keeps the
-//! point-in-time copies snapshots are made from; [`export`] and [`download`] produce image files; [`mounts`] does loop devices and mounts; [`names`] maps
-//! CSI names to safe on-disk names.
+//! Modules: [`jobs`] runs the background copies; [`server`] serves the three gRPC services
+//! ([`identity`], [`controller`], [`node`])
+//! over a unix socket ([`authority`] lets any client in); [`volumes`] and [`backing_image`] are
+//! the two stores; [`cut`] keeps the point-in-time copies snapshots are made from; [`export`]
+//! and [`download`] produce image files, writing and checksumming them in one pass with
+//! [`copy`]; [`mounts`] does loop devices and mounts; [`names`] maps CSI names to safe
+//! on-disk names.
 
 pub mod authority;
 pub mod backing_image;
 pub mod command;
 pub mod controller;
+pub mod copy;
 pub mod cut;
 pub mod download;
 pub mod error;
@@ -83,8 +87,9 @@ pub struct Config {
     pub image_wait: Duration,
     /// The directory `file://` download URLs may read from; `None` disables them.
     pub file_root: Option<PathBuf>,
-    /// Refuse http(s) download URLs whose host is a loopback, link-local or private address.
-    pub deny_private_urls: bool,
+    /// Allow http(s) download URLs whose host is (or resolves to) a loopback, link-local or
+    /// private address; refused otherwise.
+    pub allow_private_urls: bool,
     /// The largest image a download may produce, in bytes.
     pub max_image_size: u64,
     /// A download that receives nothing for this long fails.
@@ -96,7 +101,7 @@ impl Config {
     pub fn download_policy(&self) -> download::Policy {
         download::Policy {
             file_root: self.file_root.clone(),
-            deny_private: self.deny_private_urls,
+            allow_private: self.allow_private_urls,
             max_size: self.max_image_size,
             idle_timeout: self.download_idle_timeout,
         }

@@ -9,7 +9,8 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = CsiArgs::parse();
-    match run(args.into_config()) {
+    let deprecated = args.deny_private_urls;
+    match run(args.into_config(), deprecated) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("layerfs-csi: {e:#}");
@@ -18,7 +19,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(config: layerfs_csi::Config) -> anyhow::Result<()> {
+fn run(config: layerfs_csi::Config, deny_private_urls: bool) -> anyhow::Result<()> {
     // Loop devices, mounts and a socket in root's run dir: nothing of it works otherwise.
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("{}: permission denied (root only)", config.endpoint);
@@ -29,6 +30,9 @@ fn run(config: layerfs_csi::Config) -> anyhow::Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    if deny_private_urls {
+        tracing::warn!("--deny-private-urls is the default now and is ignored; remove it");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -71,8 +75,14 @@ pub struct CsiArgs {
     /// refused: the driver runs as root and would read any host file.
     #[arg(long, value_name = "DIR")]
     pub file_root: Option<PathBuf>,
-    /// Refuse http(s) download URLs whose host is a loopback, link-local or private address.
+    /// Allow http(s) download URLs whose host is (or resolves to) a loopback, link-local or
+    /// private address. Without it they are refused: the driver runs as root inside the
+    /// cluster, and such a URL would reach the node's or the cluster's internal services.
     #[arg(long)]
+    pub allow_private_urls: bool,
+    /// Refusing private addresses is the default now; accepted so that older manifests keep
+    /// working, and ignored.
+    #[arg(long, hide = true, conflicts_with = "allow_private_urls")]
     pub deny_private_urls: bool,
     /// The largest image a download may produce, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = layerfs_csi::download::DEFAULT_MAX_SIZE)]
@@ -95,7 +105,7 @@ impl CsiArgs {
             backing_images,
             image_wait: std::time::Duration::from_secs(self.image_wait),
             file_root: self.file_root,
-            deny_private_urls: self.deny_private_urls,
+            allow_private_urls: self.allow_private_urls,
             max_image_size: self.max_image_size,
             download_idle_timeout: std::time::Duration::from_secs(self.download_idle_timeout),
         }

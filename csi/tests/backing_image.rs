@@ -29,6 +29,8 @@ use tonic::Code;
 
 const BIN: &str = env!("CARGO_BIN_EXE_layerfs-csi");
 const MIB: i64 = 1 << 20;
+/// Download tests fetch from 127.0.0.1, which the driver refuses unless told otherwise.
+const ALLOW_LOCAL: &str = "--allow-private-urls";
 
 // ---------------------------------------------------------------------------------------------
 // Harness
@@ -451,6 +453,10 @@ struct HttpServer {
     hold: Arc<std::sync::atomic::AtomicBool>,
     /// Paths whose body stops after this many bytes (the connection stays open, silent).
     stalls: Arc<Mutex<HashMap<String, usize>>>,
+    /// The Content-Type sent for a path (none by default).
+    types: Arc<Mutex<HashMap<String, String>>>,
+    /// Requests received.
+    requests: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl HttpServer {
@@ -463,12 +469,18 @@ impl HttpServer {
         let held = Arc::clone(&hold);
         let stalls: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
         let stalling = Arc::clone(&stalls);
+        let types: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+        let typing = Arc::clone(&types);
+        let requests: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let counted = Arc::clone(&requests);
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let files = Arc::clone(&served);
                 let held = Arc::clone(&held);
                 let stalling = Arc::clone(&stalling);
+                let typing = Arc::clone(&typing);
                 std::thread::spawn(move || {
                     let deadline = Instant::now() + Duration::from_secs(60);
                     while held.load(std::sync::atomic::Ordering::SeqCst)
@@ -491,6 +503,11 @@ impl HttpServer {
                         .lock()
                         .map(|s| s.get(&path).copied())
                         .unwrap_or(None);
+                    let kind = typing
+                        .lock()
+                        .map(|t| t.get(&path).map(|t| format!("Content-Type: {t}\r\n")))
+                        .unwrap_or(None)
+                        .unwrap_or_default();
                     if let (Some(body), Some(after)) = (&body, stall) {
                         let _ = stream
                             .write_all(
@@ -509,7 +526,7 @@ impl HttpServer {
                         Some(body) => stream
                             .write_all(
                                 format!(
-                                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                    "HTTP/1.1 200 OK\r\n{kind}Content-Length: {}\r\nConnection: close\r\n\r\n",
                                     body.len()
                                 )
                                 .as_bytes(),
@@ -527,7 +544,13 @@ impl HttpServer {
             files,
             hold,
             stalls,
+            types,
+            requests,
         }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn serve(&self, path: &str, body: Vec<u8>) -> String {
@@ -778,7 +801,7 @@ async fn mount_volume_snapshot_restore() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn scenario_3_preprovisioned_download() {
-    let server = Server::start();
+    let server = Server::start_with(&[ALLOW_LOCAL]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let work = server.path().join("targets");
@@ -789,6 +812,7 @@ async fn scenario_3_preprovisioned_download() {
     let handle = format!(
         "bi://backing?backingImageDataSourceType=download&backingImage=bi-test&url={url}&backingImageChecksum={sum}"
     );
+    // Nothing is fetched yet: ListSnapshots does not vouch for the handle, nor fetch it.
     let listed = c
         .list(ListSnapshotsRequest {
             snapshot_id: handle.clone(),
@@ -796,14 +820,8 @@ async fn scenario_3_preprovisioned_download() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        listed.entries.len(),
-        1,
-        "a pre-provisioned handle is listed"
-    );
-    let entry = listed.entries[0].snapshot.clone().unwrap();
-    assert_eq!(entry.snapshot_id, handle);
-    assert!(entry.ready_to_use);
+    assert!(listed.entries.is_empty(), "{listed:?}");
+    assert_eq!(http.requests(), 0, "ListSnapshots fetched the image");
 
     let vol = c
         .create_volume_retrying(volume_req("pvc-download", 16 * MIB, Some(&handle)))
@@ -818,7 +836,7 @@ async fn scenario_3_preprovisioned_download() {
     let (got, size) = c.read_block(&vol.volume_id, &work, 0, raw.len()).await;
     assert_eq!(size, 16 * MIB as u64);
     assert!(got == raw, "restored bytes differ");
-    // Listed now with its real size.
+    // Listed now, ready, with its real size.
     let listed = c
         .list(ListSnapshotsRequest {
             snapshot_id: handle.clone(),
@@ -826,10 +844,11 @@ async fn scenario_3_preprovisioned_download() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        listed.entries[0].snapshot.as_ref().unwrap().size_bytes,
-        8 * MIB
-    );
+    assert_eq!(listed.entries.len(), 1, "{listed:?}");
+    let entry = listed.entries[0].snapshot.clone().unwrap();
+    assert_eq!(entry.snapshot_id, handle);
+    assert!(entry.ready_to_use);
+    assert_eq!(entry.size_bytes, 8 * MIB);
     c.delete_volume(&vol.volume_id).await;
     c.delete_snapshot(&handle).await.unwrap();
     assert!(state_of(&server, "bi-test").is_none());
@@ -840,7 +859,7 @@ async fn scenario_3_preprovisioned_download() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn scenario_4_on_demand_download_and_export() {
-    let server = Server::start();
+    let server = Server::start_with(&[ALLOW_LOCAL]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let work = server.path().join("targets");
@@ -1145,7 +1164,7 @@ async fn volume_errors_and_idempotency() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn download_failures_leave_nothing_behind() {
-    let server = Server::start();
+    let server = Server::start_with(&[ALLOW_LOCAL]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let raw = pattern(2 * MIB as usize, 5);
@@ -1365,7 +1384,7 @@ async fn list_snapshots_filters_and_pages() {
 /// volume exists (it holds its own copy) it can.
 #[tokio::test(flavor = "multi_thread")]
 async fn image_in_use_cannot_be_deleted() {
-    let server = Server::start();
+    let server = Server::start_with(&[ALLOW_LOCAL]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let raw = pattern(MIB as usize, 21);
@@ -1607,7 +1626,8 @@ async fn snapshot_of_published_volume_is_point_in_time() {
 }
 
 /// `file://` URLs: disabled without `--file-root`; with it, only regular files below the root,
-/// never through a symlink, never a FIFO. `--deny-private-urls` refuses loopback hosts.
+/// never through a symlink, never a FIFO. Loopback hosts are refused by default; the old
+/// `--deny-private-urls` is still accepted.
 #[tokio::test(flavor = "multi_thread")]
 async fn file_urls_are_confined() {
     let code = |r: Result<Volume, tonic::Status>| r.map(|_| Code::Ok).unwrap_or_else(|s| s.code());
@@ -1685,7 +1705,13 @@ async fn file_urls_are_confined() {
 /// work.
 #[tokio::test(flavor = "multi_thread")]
 async fn stalled_download_fails() {
-    let server = Server::start_with(&["--download-idle-timeout", "2", "--image-wait", "20"]);
+    let server = Server::start_with(&[
+        ALLOW_LOCAL,
+        "--download-idle-timeout",
+        "2",
+        "--image-wait",
+        "20",
+    ]);
     let http = HttpServer::start();
     let mut c = server.clients().await;
     let raw = pattern(4 * MIB as usize, 1);
@@ -2231,4 +2257,207 @@ async fn start_up_removes_only_this_node_s_temporaries() {
     left.sort();
     assert_eq!(entries(&dir), left);
     assert_eq!(entries(&cuts_dir(&server)), Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// ListSnapshots tells the truth; downloads are safe by default
+
+async fn listed(c: &mut Clients, id: &str) -> Vec<Snapshot> {
+    c.list(ListSnapshotsRequest {
+        snapshot_id: id.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("ListSnapshots")
+    .entries
+    .into_iter()
+    .filter_map(|e| e.snapshot)
+    .collect()
+}
+
+/// A handle is listed only when its image exists, and ready only when the image is complete,
+/// checksummed and still there. Handles whose image was deleted, never made, or cannot be
+/// fetched name no snapshot; ListSnapshots never fetches anything itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_snapshots_tells_the_truth() {
+    let server = Server::start_with(&[ALLOW_LOCAL]);
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let vol = c
+        .create_volume(volume_req("pvc-truth", 4 * MIB, None))
+        .await
+        .unwrap();
+
+    // A snapshot, deleted: its handle is gone from the list.
+    let snap = c
+        .snapshot_ready(snapshot_req("truth-1", &vol.volume_id, "raw"))
+        .await;
+    assert!(listed(&mut c, &snap.snapshot_id).await[0].ready_to_use);
+    c.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    assert_eq!(listed(&mut c, &snap.snapshot_id).await, vec![]);
+
+    // An export handle never made, of an existing volume.
+    let never = format!(
+        "bi://backing?backingImage=never&backingImageDataSourceType=export-from-volume&export-type=raw&volume-name={}",
+        vol.volume_id
+    );
+    assert_eq!(listed(&mut c, &never).await, vec![]);
+
+    // Download handles whose URL answers 404, refuses connections, or was never fetched.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let good = http.serve("/truth.raw", pattern(2 * MIB as usize, 9));
+    for url in [
+        format!("http://127.0.0.1:{}/missing.raw", http.port),
+        format!("http://127.0.0.1:{port}/x.raw"),
+        "http://127.0.0.1:1/x.raw".to_owned(),
+        good.clone(),
+    ] {
+        let id =
+            format!("bi://backing?backingImage=dl&backingImageDataSourceType=download&url={url}");
+        assert_eq!(listed(&mut c, &id).await, vec![], "{url}");
+    }
+    assert_eq!(http.requests(), 0, "ListSnapshots fetched something");
+    // A failed download leaves no snapshot either.
+    let gone = format!(
+        "bi://backing?backingImage=gone&backingImageDataSourceType=download&url=http://127.0.0.1:{}/missing.raw",
+        http.port
+    );
+    let err = c
+        .create_volume_retrying(volume_req("pvc-gone", 4 * MIB, Some(&gone)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert_eq!(listed(&mut c, &gone).await, vec![]);
+
+    // A download in progress is listed, not ready; once verified, ready.
+    http.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let handle = format!(
+        "bi://backing?backingImage=truth-dl&backingImageDataSourceType=download&url={good}"
+    );
+    let mut creator = server.clients().await;
+    let req = volume_req("pvc-truth-dl", 4 * MIB, Some(&handle));
+    let task = tokio::spawn(async move { creator.create_volume_retrying(req).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_of(&server, "truth-dl").is_none() {
+        assert!(Instant::now() < deadline, "the download never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pending = listed(&mut c, &handle).await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert!(!pending[0].ready_to_use);
+    http.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    let restored = task.await.unwrap().unwrap();
+    let ready = listed(&mut c, &handle).await;
+    assert!(ready[0].ready_to_use);
+    assert_eq!(ready[0].size_bytes, 2 * MIB);
+
+    // An image file that went away: listed, not ready.
+    fs::remove_file(server.images_dir().join("truth-dl.img")).unwrap();
+    let broken = listed(&mut c, &handle).await;
+    assert_eq!(broken.len(), 1);
+    assert!(!broken[0].ready_to_use);
+    let all = c.list(ListSnapshotsRequest::default()).await.unwrap();
+    assert!(all
+        .entries
+        .iter()
+        .all(|e| !e.snapshot.as_ref().unwrap().ready_to_use));
+
+    c.delete_snapshot(&handle).await.unwrap();
+    c.delete_volume(&restored.volume_id).await;
+    c.delete_volume(&vol.volume_id).await;
+}
+
+/// Without `--allow-private-urls`, URLs of loopback hosts are refused up front, whether the
+/// host is an address, `localhost` or another name that resolves to a loopback address; the
+/// server is never contacted.
+#[tokio::test(flavor = "multi_thread")]
+async fn private_urls_are_refused_by_default() {
+    let server = Server::start();
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let url = http.serve("/local.raw", pattern(MIB as usize, 4));
+    let mut urls = vec![
+        url.clone(),
+        url.replace("127.0.0.1", "localhost"),
+        url.replace("127.0.0.1", "[::ffff:127.0.0.1]"),
+    ];
+    // A name of this host that /etc/hosts maps to a loopback address: refused when resolved.
+    let hosts = fs::read_to_string("/etc/hosts").unwrap_or_default();
+    let alias = hosts
+        .lines()
+        .filter(|l| l.starts_with("127."))
+        .flat_map(|l| l.split_whitespace().skip(1))
+        .find(|n| !n.contains("localhost"));
+    if let Some(name) = alias {
+        urls.push(url.replace("127.0.0.1", name));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        let handle = format!(
+            "bi://backing?backingImage=local-{i}&backingImageDataSourceType=download&url={url}"
+        );
+        let err = c
+            .create_volume_retrying(volume_req(
+                &format!("pvc-local-{i}"),
+                4 * MIB,
+                Some(&handle),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{url}: {err:?}");
+        assert!(
+            err.message().contains("--allow-private-urls"),
+            "{url}: {}",
+            err.message()
+        );
+    }
+    assert_eq!(http.requests(), 0, "a refused URL was fetched");
+    assert_eq!(visible_images(&server), Vec::<String>::new());
+}
+
+/// An answer that is an HTML page is no image: refused by its Content-Type, or, without one,
+/// by its first bytes. Nothing is kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn html_answers_are_refused() {
+    let server = Server::start_with(&[ALLOW_LOCAL]);
+    let http = HttpServer::start();
+    let mut c = server.clients().await;
+    let mut page = b"<!DOCTYPE html>\n<html><body>Sign in</body></html>\n".to_vec();
+    page.resize(64 * 1024, b' ');
+    let typed = http.serve("/typed.raw", pattern(MIB as usize, 8));
+    http.types
+        .lock()
+        .unwrap()
+        .insert("/typed.raw".into(), "text/html; charset=utf-8".into());
+    let sniffed = http.serve("/login", page);
+    for (name, url, words) in [
+        ("typed", &typed, "Content-Type"),
+        ("sniffed", &sniffed, "HTML"),
+    ] {
+        let handle = format!(
+            "bi://backing?backingImage={name}&backingImageDataSourceType=download&url={url}"
+        );
+        let err = c
+            .create_volume_retrying(volume_req(&format!("pvc-{name}"), 4 * MIB, Some(&handle)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{name}: {err:?}");
+        assert!(err.message().contains(words), "{name}: {}", err.message());
+    }
+    assert_eq!(visible_images(&server), Vec::<String>::new());
+    assert_eq!(temps_under(&server.images_dir()), Vec::<PathBuf>::new());
+    // An image labelled as one is fine.
+    let ok = http.serve("/ok.raw", pattern(MIB as usize, 8));
+    http.types
+        .lock()
+        .unwrap()
+        .insert("/ok.raw".into(), "application/octet-stream".into());
+    let handle =
+        format!("bi://backing?backingImage=ok&backingImageDataSourceType=download&url={ok}");
+    let vol = c
+        .create_volume_retrying(volume_req("pvc-ok", 4 * MIB, Some(&handle)))
+        .await
+        .unwrap();
+    c.delete_volume(&vol.volume_id).await;
 }
