@@ -628,7 +628,7 @@ impl ControllerService {
     async fn list_snapshots(&self, req: &ListSnapshotsRequest) -> Result<ListSnapshotsResponse> {
         let mut found: Vec<Snapshot> = Vec::new();
         if !req.snapshot_id.is_empty() {
-            if let Some(snap) = self.resolve_snapshot(&req.snapshot_id)? {
+            if let Some(snap) = self.resolve_snapshot(&req.snapshot_id).await? {
                 if req.source_volume_id.is_empty() || snap.source_volume_id == req.source_volume_id
                 {
                     found.push(snap);
@@ -656,10 +656,13 @@ impl ControllerService {
     }
 
     /// The snapshot a `bi://` id stands for: its image, when one exists and matches the
-    /// handle. A handle whose image does not exist (never made, deleted, or a download that
-    /// failed) names no snapshot: the list is empty, as the spec wants for an unknown id.
-    /// Whether a URL would answer is not asked here: ListSnapshots reads local state only.
-    fn resolve_snapshot(&self, id: &str) -> Result<Option<Snapshot>> {
+    /// handle. A download handle whose image does not exist yet (a pre-provisioned content)
+    /// has its download started, and is listed not ready until the image is fetched and
+    /// verified: the CO restores only from a ready snapshot, so waiting for a restore to fetch
+    /// it would wait forever. Any other handle whose image does not exist (never made,
+    /// deleted, or a download that failed) names no snapshot: the list is empty, as the spec
+    /// wants for an unknown id.
+    async fn resolve_snapshot(&self, id: &str) -> Result<Option<Snapshot>> {
         let Ok(handle) = BiHandle::decode(id) else {
             return Ok(None);
         };
@@ -670,7 +673,19 @@ impl ControllerService {
             Ok(c) => c,
             Err(_) => return Ok(None),
         };
-        let Some(state) = self.0.images.store.get(&image)? else {
+        let mut state = self.0.images.store.get(&image)?;
+        if state.is_none() && handle.source_type == SOURCE_DOWNLOAD {
+            let _guard = self.0.controller_lock.lock().await;
+            match self.ensure_image(&image, &handle, checksum.as_deref()) {
+                Ok(()) => state = self.0.images.store.get(&image)?,
+                // A refused URL, or the failure of the last attempt (said once; the next
+                // call tries again): no snapshot, and the log says why.
+                Err(e) => {
+                    tracing::info!(image = %image, error = %e, "listed snapshot cannot be prepared")
+                }
+            }
+        }
+        let Some(state) = state else {
             return Ok(None);
         };
         if check_matches(&state, &handle, checksum.as_deref()).is_err() {

@@ -812,7 +812,9 @@ async fn scenario_3_preprovisioned_download() {
     let handle = format!(
         "bi://backing?backingImageDataSourceType=download&backingImage=bi-test&url={url}&backingImageChecksum={sum}"
     );
-    // Nothing is fetched yet: ListSnapshots does not vouch for the handle, nor fetch it.
+    // The snapshotter asks ListSnapshots about the content first: that starts the download,
+    // and the snapshot is listed, not ready, until the image is fetched and verified.
+    http.hold.store(true, std::sync::atomic::Ordering::SeqCst);
     let listed = c
         .list(ListSnapshotsRequest {
             snapshot_id: handle.clone(),
@@ -820,8 +822,28 @@ async fn scenario_3_preprovisioned_download() {
         })
         .await
         .unwrap();
-    assert!(listed.entries.is_empty(), "{listed:?}");
-    assert_eq!(http.requests(), 0, "ListSnapshots fetched the image");
+    assert_eq!(listed.entries.len(), 1, "{listed:?}");
+    assert!(!listed.entries[0].snapshot.as_ref().unwrap().ready_to_use);
+    http.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = c
+            .list(ListSnapshotsRequest {
+                snapshot_id: handle.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        if listed.entries[0].snapshot.as_ref().unwrap().ready_to_use {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the listed download never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(http.requests(), 1);
 
     let vol = c
         .create_volume_retrying(volume_req("pvc-download", 16 * MIB, Some(&handle)))
@@ -2262,6 +2284,21 @@ async fn start_up_removes_only_this_node_s_temporaries() {
 // ---------------------------------------------------------------------------------------------
 // ListSnapshots tells the truth; downloads are safe by default
 
+/// Lists `id` until it is not listed any more (its download failed), checking it is never
+/// listed as ready meanwhile.
+async fn never_ready_then_gone(c: &mut Clients, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let entries = listed(c, id).await;
+        assert!(entries.iter().all(|e| !e.ready_to_use), "{id}: {entries:?}");
+        if entries.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{id}: still listed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn listed(c: &mut Clients, id: &str) -> Vec<Snapshot> {
     c.list(ListSnapshotsRequest {
         snapshot_id: id.into(),
@@ -2303,22 +2340,25 @@ async fn list_snapshots_tells_the_truth() {
     );
     assert_eq!(listed(&mut c, &never).await, vec![]);
 
-    // Download handles whose URL answers 404, refuses connections, or was never fetched.
+    // Download handles whose URL answers 404 or refuses connections: listing one tries to
+    // fetch it, and it is never ready; once the attempt failed, it is not listed at all.
     let closed = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
     let good = http.serve("/truth.raw", pattern(2 * MIB as usize, 9));
-    for url in [
+    for (i, url) in [
         format!("http://127.0.0.1:{}/missing.raw", http.port),
         format!("http://127.0.0.1:{port}/x.raw"),
         "http://127.0.0.1:1/x.raw".to_owned(),
-        good.clone(),
-    ] {
-        let id =
-            format!("bi://backing?backingImage=dl&backingImageDataSourceType=download&url={url}");
-        assert_eq!(listed(&mut c, &id).await, vec![], "{url}");
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = format!(
+            "bi://backing?backingImage=dl-{i}&backingImageDataSourceType=download&url={url}"
+        );
+        never_ready_then_gone(&mut c, &id).await;
     }
-    assert_eq!(http.requests(), 0, "ListSnapshots fetched something");
     // A failed download leaves no snapshot either.
     let gone = format!(
         "bi://backing?backingImage=gone&backingImageDataSourceType=download&url=http://127.0.0.1:{}/missing.raw",
@@ -2329,7 +2369,7 @@ async fn list_snapshots_tells_the_truth() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
-    assert_eq!(listed(&mut c, &gone).await, vec![]);
+    never_ready_then_gone(&mut c, &gone).await;
 
     // A download in progress is listed, not ready; once verified, ready.
     http.hold.store(true, std::sync::atomic::Ordering::SeqCst);
