@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tonic::Code;
 
 use super::copy;
 use super::cut::{Cuts, Quiesce};
@@ -212,38 +211,6 @@ impl ImageStore {
     /// A temp file name for work on `name` by `node`.
     pub fn temp(&self, node: &str, name: &str) -> PathBuf {
         files::temp_path(&self.dir, &format!("{node}{NODE_END}{name}"))
-    }
-}
-
-/// A failure remembered for the next call, or handed to those waiting.
-#[derive(Debug, Clone)]
-pub struct Failure {
-    pub code: Code,
-    pub message: String,
-}
-
-impl From<&CsiError> for Failure {
-    fn from(e: &CsiError) -> Failure {
-        Failure {
-            code: e.code(),
-            message: e.to_string(),
-        }
-    }
-}
-
-impl From<Failure> for CsiError {
-    fn from(f: Failure) -> CsiError {
-        match f.code {
-            Code::InvalidArgument => CsiError::InvalidArgument(f.message),
-            Code::NotFound => CsiError::NotFound(f.message),
-            Code::AlreadyExists => CsiError::AlreadyExists(f.message),
-            Code::FailedPrecondition => CsiError::FailedPrecondition(f.message),
-            Code::OutOfRange => CsiError::OutOfRange(f.message),
-            Code::Aborted => CsiError::Aborted(f.message),
-            Code::Unavailable => CsiError::Unavailable(f.message),
-            Code::ResourceExhausted => CsiError::ResourceExhausted(f.message),
-            _ => CsiError::Internal(f.message),
-        }
     }
 }
 

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha512};
 
 use super::error::{CsiError, Result};
-use super::export::hex;
 
 /// The unit of reads, writes and hashing.
 pub const CHUNK: usize = 1 << 20;
@@ -420,6 +419,11 @@ pub fn pump_stream(
             return Ok(());
         }
     }
+}
+
+/// A digest as lowercase hex, as checksums are written in handles and state files.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -75,3 +75,36 @@ impl From<CsiError> for Status {
 }
 
 pub type Result<T> = std::result::Result<T, CsiError>;
+
+/// An error kept to be told later: remembered for the next call, or handed to those waiting
+/// for a job.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub code: Code,
+    pub message: String,
+}
+
+impl From<&CsiError> for Failure {
+    fn from(e: &CsiError) -> Failure {
+        Failure {
+            code: e.code(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<Failure> for CsiError {
+    fn from(f: Failure) -> CsiError {
+        match f.code {
+            Code::InvalidArgument => CsiError::InvalidArgument(f.message),
+            Code::NotFound => CsiError::NotFound(f.message),
+            Code::AlreadyExists => CsiError::AlreadyExists(f.message),
+            Code::FailedPrecondition => CsiError::FailedPrecondition(f.message),
+            Code::OutOfRange => CsiError::OutOfRange(f.message),
+            Code::Aborted => CsiError::Aborted(f.message),
+            Code::Unavailable => CsiError::Unavailable(f.message),
+            Code::ResourceExhausted => CsiError::ResourceExhausted(f.message),
+            _ => CsiError::Internal(f.message),
+        }
+    }
+}

@@ -161,10 +161,6 @@ pub async fn sha512_file(path: &Path) -> Result<String> {
         .map_err(|e| CsiError::Internal(format!("checksum task failed: {e}")))?
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Normalizes and checks a SHA-512 checksum: surrounding space trimmed, 128 hex digits.
 pub fn check_checksum(value: &str) -> Result<String> {
     let value = value.trim().to_ascii_lowercase();

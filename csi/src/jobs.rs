@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::backing_image::Failure;
-use super::error::{CsiError, Result};
+use super::error::{CsiError, Failure, Result};
 
 type Outcome = Option<std::result::Result<(), Failure>>;
 
