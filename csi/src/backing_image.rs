@@ -461,26 +461,29 @@ impl Images {
         let tmp = TempFile(Some(work.0.join(name)));
         let dest = tmp.0.clone().unwrap_or_default();
         tracing::info!(image = %name, export_type = %export_type, "exporting volume");
-        let convert = async {
-            let sum = self.convert(state, &src, &dest, export_type).await?;
-            self.finish(name, tmp, sum).await
-        };
-        // Dropping the conversion stops it; `work` then removes what it wrote.
-        tokio::select! {
-            result = convert => result,
-            _ = cancel.cancelled() => Err(cancel.error()),
+        // The conversion stops itself when cancelled, and returns only once nothing it
+        // started still runs: a copy thread left behind would write the state file after
+        // DeleteSnapshot removed it. `work` then removes what it wrote.
+        let sum = self
+            .convert(state, &src, &dest, export_type, cancel)
+            .await?;
+        if cancel.is_cancelled() {
+            return Err(cancel.error());
         }
+        self.finish(name, tmp, sum).await
     }
 
     /// Converts the cut `src` into `dest` as `export_type`: a raw export is a sparse copy,
     /// checksummed on the way (its SHA-512 is returned); qcow2 is converted by `qemu-img`.
-    /// Dropping the future stops either (the copy sees its stop flag; qemu-img is killed).
+    /// Cancelled, it stops the copy and waits for its thread, or kills qemu-img. (Dropped,
+    /// as at shutdown, the copy sees its stop flag too.)
     async fn convert(
         self: &Arc<Self>,
         state: &ImageState,
         src: &Path,
         dest: &Path,
         export_type: &str,
+        cancel: &Cancel,
     ) -> Result<Option<String>> {
         let worker = Arc::clone(self);
         let name = state.name.clone();
@@ -488,27 +491,43 @@ impl Images {
             let (src, dest) = (src.to_owned(), dest.to_owned());
             let stop = copy::StopOnDrop(Arc::default());
             let stopped = Arc::clone(&stop.0);
-            let copied = tokio::task::spawn_blocking(move || {
+            let copying = tokio::task::spawn_blocking(move || {
                 copy::copy_file(&src, &dest, &stopped, &mut |done, total| {
                     tracing::info!(image = %name, done, total, "exporting");
                     worker.set_progress(&name, done, total);
                 })
-            })
-            .await
-            .map_err(|e| CsiError::Internal(format!("export task failed: {e}")))??;
+            });
+            tokio::pin!(copying);
+            let joined = tokio::select! {
+                joined = &mut copying => joined,
+                _ = cancel.cancelled() => {
+                    stop.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                    copying.await
+                }
+            };
+            if cancel.is_cancelled() {
+                return Err(cancel.error());
+            }
+            let copied =
+                joined.map_err(|e| CsiError::Internal(format!("export task failed: {e}")))??;
             return Ok(Some(copied.sha512));
         }
         let total = state.virtual_size;
         let mut last = Instant::now();
-        export::convert_with_progress(src, export::RAW, dest, export_type, move |pct| {
-            if last.elapsed() >= PROGRESS_EVERY || pct >= 100.0 {
-                let done = (total as f64 * pct / 100.0) as u64;
-                tracing::info!(image = %name, done, total, "exporting");
-                worker.set_progress(&name, done, total);
-                last = Instant::now();
-            }
-        })
-        .await?;
+        let converting =
+            export::convert_with_progress(src, export::RAW, dest, export_type, move |pct| {
+                if last.elapsed() >= PROGRESS_EVERY || pct >= 100.0 {
+                    let done = (total as f64 * pct / 100.0) as u64;
+                    tracing::info!(image = %name, done, total, "exporting");
+                    worker.set_progress(&name, done, total);
+                    last = Instant::now();
+                }
+            });
+        // Dropping the conversion kills qemu-img; its progress runs in this task.
+        tokio::select! {
+            converted = converting => converted?,
+            _ = cancel.cancelled() => return Err(cancel.error()),
+        }
         Ok(None)
     }
 
