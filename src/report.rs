@@ -250,8 +250,9 @@ mod tests {
         assert!(s.last_round.is_none() && s.metrics.is_none());
         let l: LayerInfo = serde_json::from_str(r#"{"id":"x","future":true}"#).unwrap();
         assert_eq!(l.id, "x");
-        let r: RoundReport =
-            serde_json::from_str(r#"{"started":-1,"duration":"x"}"#).unwrap_or_default();
+        // Times that are no times (negative, too large) read as the epoch and zero.
+        let r: RoundReport = serde_json::from_str(r#"{"started":-1,"duration":1e300}"#).unwrap();
         assert_eq!(r.started, SystemTime::UNIX_EPOCH);
+        assert_eq!(r.duration, Duration::ZERO);
     }
 }
