@@ -1,0 +1,89 @@
+//! What can go wrong, and the gRPC status containerd expects for it.
+//!
+//! containerd turns a status back into its own error kinds (`errdefs.FromGRPC`), and acts
+//! on a few of them: NotFound from Stat lets an unpack go on, AlreadyExists from a labelled
+//! Prepare adopts a remote snapshot, FailedPrecondition from Remove is tolerated by garbage
+//! collection. The codes below follow containerd's own overlay snapshotter.
+
+use std::io;
+
+use layerfs::quota::storage::StorageError;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}: not found")]
+    NotFound(String),
+    #[error("{0}: already exists")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("the snapshot table is damaged: {0}")]
+    Corrupt(String),
+    #[error("{what}: {cause}")]
+    Io { what: String, cause: io::Error },
+    #[error(transparent)]
+    Quota(#[from] StorageError),
+}
+
+impl Error {
+    pub fn io(what: impl Into<String>, cause: io::Error) -> Error {
+        Error::Io {
+            what: what.into(),
+            cause,
+        }
+    }
+
+    pub fn code(&self) -> Code {
+        match self {
+            Error::NotFound(_) => Code::NotFound,
+            Error::AlreadyExists(_) => Code::AlreadyExists,
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::Corrupt(_) => Code::Internal,
+            Error::Io { cause, .. } => match cause.raw_os_error() {
+                Some(libc::ENOSPC) | Some(libc::EDQUOT) => Code::ResourceExhausted,
+                _ => Code::Internal,
+            },
+            Error::Quota(e) => match e {
+                StorageError::Size(_)
+                | StorageError::InodesWithoutSize
+                | StorageError::BadKey(_)
+                | StorageError::Outside { .. } => Code::InvalidArgument,
+                // A strict quota request where quotas cannot be enforced: nothing was made.
+                StorageError::Unsupported { .. } => Code::FailedPrecondition,
+                StorageError::Backend(_) => Code::Unavailable,
+                StorageError::Create { .. } | StorageError::Remove { .. } => Code::Internal,
+                StorageError::Apply { .. } => Code::Internal,
+            },
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_the_ones_containerd_acts_on() {
+        assert_eq!(Error::NotFound("k".into()).code(), Code::NotFound);
+        assert_eq!(Error::AlreadyExists("k".into()).code(), Code::AlreadyExists);
+        let full = Error::io("writing", io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(full.code(), Code::ResourceExhausted);
+        let strict = Error::Quota(StorageError::Unsupported {
+            dir: "/d".into(),
+            reason: "plain".into(),
+        });
+        assert_eq!(strict.code(), Code::FailedPrecondition);
+        let status = Status::from(Error::NotFound("snapshot x".into()));
+        assert_eq!(status.message(), "snapshot x: not found");
+    }
+}

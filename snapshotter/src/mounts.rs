@@ -1,0 +1,100 @@
+//! The mounts containerd performs for a snapshot, as its own overlay snapshotter makes
+//! them: a bind mount for a snapshot alone, a kernel overlay over its parents otherwise.
+//! Upper and work directories lie under the snapshotter's root, inside the view when the
+//! root is, so the quota of a snapshot's directory covers everything the container writes
+//! and `df` in the container (statfs of the upper directory) shows it.
+
+use std::path::{Path, PathBuf};
+
+use crate::api::types::Mount;
+use crate::error::Error;
+use crate::meta::{Backing, Kind, Meta, Record};
+
+/// Where snapshots' directories are.
+#[derive(Debug, Clone)]
+pub struct Dirs {
+    root: PathBuf,
+}
+
+impl Dirs {
+    pub fn new(root: &Path) -> Dirs {
+        Dirs {
+            root: root.to_owned(),
+        }
+    }
+
+    /// `<root>/snapshots`, which holds one directory per local snapshot.
+    pub fn snapshots(&self) -> PathBuf {
+        self.root.join("snapshots")
+    }
+
+    /// The directory of the snapshot with `id`: the quota root when it has one.
+    pub fn dir(&self, id: u64) -> PathBuf {
+        self.snapshots().join(id.to_string())
+    }
+
+    /// The files of a snapshot: its own `fs`, or the shared layer's `diff`.
+    pub fn files(&self, record: &Record) -> PathBuf {
+        match &record.backing {
+            Backing::Local => self.dir(record.id).join("fs"),
+            Backing::Shared { diff, .. } => diff.clone(),
+        }
+    }
+
+    pub fn work(&self, record: &Record) -> PathBuf {
+        self.dir(record.id).join("work")
+    }
+}
+
+/// The mounts of the snapshot `name`.
+pub fn mounts(dirs: &Dirs, meta: &Meta, name: &str) -> Result<Vec<Mount>, Error> {
+    let record = meta.get(name)?;
+    let parents = meta
+        .ancestors(name)?
+        .into_iter()
+        .map(|p| meta.get(p).map(|r| dirs.files(r)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let bind = |source: PathBuf, mode: &str| Mount {
+        r#type: "bind".into(),
+        source: text(&source),
+        target: String::new(),
+        options: vec![mode.into(), "rbind".into()],
+    };
+    let lowerdir = || {
+        let lowers: Vec<String> = parents.iter().map(|p| text(p)).collect();
+        format!("lowerdir={}", lowers.join(":"))
+    };
+    let overlay = |options: Vec<String>| Mount {
+        r#type: "overlay".into(),
+        source: "overlay".into(),
+        target: String::new(),
+        options,
+    };
+    Ok(vec![match record.kind {
+        Kind::Committed => {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {name} is committed: only active snapshots and views have mounts"
+            )))
+        }
+        Kind::Active if parents.is_empty() => bind(dirs.files(record), "rw"),
+        Kind::Active => overlay(vec![
+            "index=off".into(),
+            format!("workdir={}", text(&dirs.work(record))),
+            format!("upperdir={}", text(&dirs.files(record))),
+            lowerdir(),
+        ]),
+        Kind::View if parents.is_empty() => bind(dirs.files(record), "ro"),
+        Kind::View if parents.len() == 1 => bind(parents[0].clone(), "ro"),
+        Kind::View => overlay(vec!["index=off".into(), lowerdir()]),
+    }])
+}
+
+fn text(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// Whether overlay's option syntax can carry `path` (it splits on `,` and `:`).
+pub fn fits_overlay_options(path: &Path) -> bool {
+    let s = path.to_string_lossy();
+    !s.contains([',', ':', '='])
+}

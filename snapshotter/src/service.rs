@@ -1,0 +1,212 @@
+//! The gRPC face of [`Snapshots`]: containerd's `Snapshots` service. Every call runs on the
+//! blocking pool, since each one may touch the disk or the view.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::api::snapshots::snapshots_server::Snapshots as SnapshotsApi;
+use crate::api::snapshots::*;
+use crate::error::Error;
+use crate::meta;
+use crate::snapshots::{self, Snapshots};
+
+/// Infos per List message, well below gRPC's 4 MiB message limit even with many labels.
+const LIST_BATCH: usize = 100;
+
+#[derive(Clone)]
+pub struct Service {
+    snapshots: Arc<Snapshots>,
+}
+
+impl Service {
+    pub fn new(snapshots: Arc<Snapshots>) -> Service {
+        Service { snapshots }
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Snapshots) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Status> {
+        let snapshots = self.snapshots.clone();
+        let result = tokio::task::spawn_blocking(move || f(&snapshots))
+            .await
+            .map_err(|e| Status::internal(format!("{op}: {e}")))?;
+        result.map_err(|e| {
+            match e.code() {
+                tonic::Code::NotFound | tonic::Code::AlreadyExists => {
+                    tracing::debug!(op, error = %e)
+                }
+                _ => tracing::warn!(op, error = %e),
+            }
+            Status::from(e)
+        })
+    }
+}
+
+type ListStream = Pin<Box<dyn Stream<Item = Result<ListSnapshotsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl SnapshotsApi for Service {
+    async fn prepare(
+        &self,
+        request: Request<PrepareSnapshotRequest>,
+    ) -> Result<Response<PrepareSnapshotResponse>, Status> {
+        let r = request.into_inner();
+        tracing::debug!(key = r.key, parent = r.parent, labels = ?r.labels, "prepare");
+        let mounts = self
+            .run("prepare", move |s| {
+                s.prepare(&r.key, &r.parent, sorted(r.labels))
+            })
+            .await?;
+        Ok(Response::new(PrepareSnapshotResponse { mounts }))
+    }
+
+    async fn view(
+        &self,
+        request: Request<ViewSnapshotRequest>,
+    ) -> Result<Response<ViewSnapshotResponse>, Status> {
+        let r = request.into_inner();
+        tracing::debug!(key = r.key, parent = r.parent, "view");
+        let mounts = self
+            .run("view", move |s| s.view(&r.key, &r.parent, sorted(r.labels)))
+            .await?;
+        Ok(Response::new(ViewSnapshotResponse { mounts }))
+    }
+
+    async fn mounts(
+        &self,
+        request: Request<MountsRequest>,
+    ) -> Result<Response<MountsResponse>, Status> {
+        let r = request.into_inner();
+        let mounts = self.run("mounts", move |s| s.mounts(&r.key)).await?;
+        Ok(Response::new(MountsResponse { mounts }))
+    }
+
+    async fn commit(
+        &self,
+        request: Request<CommitSnapshotRequest>,
+    ) -> Result<Response<()>, Status> {
+        let r = request.into_inner();
+        tracing::debug!(name = r.name, key = r.key, "commit");
+        if !r.parent.is_empty() {
+            // Rebasing on commit needs the `rebase` capability, which is not advertised.
+            return Err(Status::unimplemented("commit with a new parent (rebase)"));
+        }
+        self.run("commit", move |s| {
+            s.commit(&r.name, &r.key, sorted(r.labels))
+        })
+        .await?;
+        Ok(Response::new(()))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<RemoveSnapshotRequest>,
+    ) -> Result<Response<()>, Status> {
+        let r = request.into_inner();
+        tracing::debug!(key = r.key, "remove");
+        self.run("remove", move |s| s.remove(&r.key)).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn stat(
+        &self,
+        request: Request<StatSnapshotRequest>,
+    ) -> Result<Response<StatSnapshotResponse>, Status> {
+        let r = request.into_inner();
+        let info = self.run("stat", move |s| s.stat(&r.key)).await?;
+        Ok(Response::new(StatSnapshotResponse {
+            info: Some(wire_info(info)),
+        }))
+    }
+
+    async fn update(
+        &self,
+        request: Request<UpdateSnapshotRequest>,
+    ) -> Result<Response<UpdateSnapshotResponse>, Status> {
+        let r = request.into_inner();
+        let info = r
+            .info
+            .ok_or_else(|| Status::invalid_argument("update without an info"))?;
+        let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
+        let info = self
+            .run("update", move |s| {
+                s.update(&info.name, sorted(info.labels), &paths)
+            })
+            .await?;
+        Ok(Response::new(UpdateSnapshotResponse {
+            info: Some(wire_info(info)),
+        }))
+    }
+
+    type ListStream = ListStream;
+
+    async fn list(
+        &self,
+        request: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<Self::ListStream>, Status> {
+        let r = request.into_inner();
+        let infos = self.run("list", move |s| s.list(&r.filters)).await?;
+        let batches: Vec<ListSnapshotsResponse> = infos
+            .chunks(LIST_BATCH)
+            .map(|chunk| ListSnapshotsResponse {
+                info: chunk.iter().cloned().map(wire_info).collect(),
+            })
+            .collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(
+            batches.into_iter().map(Ok),
+        ))))
+    }
+
+    async fn usage(
+        &self,
+        request: Request<UsageRequest>,
+    ) -> Result<Response<UsageResponse>, Status> {
+        let r = request.into_inner();
+        let usage = self.run("usage", move |s| s.usage(&r.key)).await?;
+        Ok(Response::new(UsageResponse {
+            size: clamp(usage.size),
+            inodes: clamp(usage.inodes),
+        }))
+    }
+
+    async fn cleanup(&self, _: Request<CleanupRequest>) -> Result<Response<()>, Status> {
+        self.run("cleanup", |s| s.cleanup()).await?;
+        Ok(Response::new(()))
+    }
+}
+
+fn sorted(labels: std::collections::HashMap<String, String>) -> BTreeMap<String, String> {
+    labels.into_iter().collect()
+}
+
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn wire_info(info: snapshots::Info) -> Info {
+    let r = info.record;
+    Info {
+        name: info.name,
+        parent: r.parent.unwrap_or_default(),
+        kind: match r.kind {
+            meta::Kind::View => Kind::View,
+            meta::Kind::Active => Kind::Active,
+            meta::Kind::Committed => Kind::Committed,
+        } as i32,
+        created_at: Some(timestamp(r.created)),
+        updated_at: Some(timestamp(r.updated)),
+        labels: r.labels.into_iter().collect(),
+    }
+}
+
+fn timestamp(nanos: u128) -> prost_types::Timestamp {
+    let t = UNIX_EPOCH + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+    prost_types::Timestamp::from(t)
+}

@@ -1,0 +1,542 @@
+//! The snapshotter: containerd's ten snapshot operations over the records of [`crate::meta`],
+//! local directories under `<root>/snapshots/`, and the shared layers of the view.
+//!
+//! **Locks.** `writer` serialises every change (like the single write transaction of
+//! containerd's own snapshotters): it is held while a change's directories are made or
+//! removed and the table is written, and no reader ever waits for it. `state` holds the
+//! current table behind an `Arc`; it is taken only to clone that `Arc` or to swap in a new
+//! one, never across a filesystem call. Order: `writer`, then `state`. The shared tree is
+//! looked at before `writer` is taken, so a stalled remote holds up only the request that
+//! asked for it.
+//!
+//! **Crash safety.** A change makes its directories first and records them second; a
+//! removal forgets the record first and removes the directory second. A crash in between
+//! leaves a directory no record names, which [`Snapshots::cleanup`] (and start-up) remove.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::api::types::Mount;
+use crate::error::Error;
+use crate::filter::{self, Filter};
+use crate::meta::{self, Backing, Kind, Meta, MetaFile, Record, Usage};
+use crate::mounts::{self, Dirs};
+use crate::quota;
+use crate::shared::{self, SharedLayers};
+use crate::tree;
+
+/// The label containerd's remote-snapshot protocol puts the wanted chain ID in.
+pub const REF_LABEL: &str = "containerd.io/snapshot.ref";
+
+/// Where the snapshotter keeps its snapshots and finds shared layers.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Snapshots' directories and the table: in a layerfs mount for quotas.
+    pub root: PathBuf,
+    /// The layerfs view holding shared layers; none disables adoption and dedupe.
+    pub view: Option<PathBuf>,
+    /// The storage driver's name in the view (`overlay` for `overlay/`, `overlay-layers/`).
+    pub driver: String,
+}
+
+pub struct Snapshots {
+    root: PathBuf,
+    dirs: Dirs,
+    file: MetaFile,
+    shared: Option<SharedLayers>,
+    writer: Mutex<()>,
+    state: RwLock<Arc<Meta>>,
+}
+
+/// A snapshot as containerd's Info describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Info {
+    pub name: String,
+    pub record: Record,
+}
+
+impl Snapshots {
+    /// Opens (or starts) the snapshotter at `config.root`, and removes what a crash left.
+    pub fn open(config: &Config) -> Result<Snapshots, Error> {
+        let dirs = Dirs::new(&config.root);
+        fs::create_dir_all(dirs.snapshots())
+            .map_err(|e| Error::io(format!("creating {}", dirs.snapshots().display()), e))?;
+        let root = fs::canonicalize(&config.root)
+            .map_err(|e| Error::io(format!("resolving {}", config.root.display()), e))?;
+        let view = config
+            .view
+            .as_ref()
+            .map(|v| fs::canonicalize(v).unwrap_or(v.clone()));
+        for path in std::iter::once(&root).chain(view.as_ref()) {
+            if !mounts::fits_overlay_options(path) {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: overlay mount options cannot carry a path with `,`, `:` or `=`",
+                    path.display()
+                )));
+            }
+        }
+        let dirs = Dirs::new(&root);
+        let file = MetaFile::new(&root);
+        let meta = file.load()?;
+        let snapshots = Snapshots {
+            shared: view.map(|v| SharedLayers::new(&v, &config.driver)),
+            root,
+            dirs,
+            file,
+            writer: Mutex::new(()),
+            state: RwLock::new(Arc::new(meta)),
+        };
+        snapshots.cleanup()?;
+        Ok(snapshots)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Whether snapshot quotas are enforced here (containerd's `SupportedQuota`).
+    pub fn supported_quota(&self) -> bool {
+        quota::supported(&self.root)
+    }
+
+    fn current(&self) -> Arc<Meta> {
+        self.state.read().clone()
+    }
+
+    /// Records `meta` durably and makes it the current table. Called with `writer` held.
+    fn publish(&self, meta: Meta) -> Result<(), Error> {
+        self.file.store(&meta)?;
+        *self.state.write() = Arc::new(meta);
+        Ok(())
+    }
+
+    /// A new active snapshot `key` over `parent`; or, when `labels` carry a chain ID the
+    /// shared tree holds over that parent, a committed snapshot of that shared layer and
+    /// AlreadyExists (containerd's remote-snapshot protocol).
+    pub fn prepare(
+        &self,
+        key: &str,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<Mount>, Error> {
+        check_name(key)?;
+        if let Some(target) = labels.get(REF_LABEL) {
+            self.adopt(key, parent, target, &labels)?;
+        }
+        let wanted = quota::from_labels(&labels)?;
+        self.create(key, parent, Kind::Active, labels, Some(&wanted))
+    }
+
+    /// A new read-only view `key` of `parent`.
+    pub fn view(
+        &self,
+        key: &str,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<Mount>, Error> {
+        check_name(key)?;
+        self.create(key, parent, Kind::View, labels, None)
+    }
+
+    fn create(
+        &self,
+        key: &str,
+        parent: &str,
+        kind: Kind,
+        labels: BTreeMap<String, String>,
+        wanted: Option<&quota::Wanted>,
+    ) -> Result<Vec<Mount>, Error> {
+        let _writer = self.writer.lock();
+        let mut meta = (*self.current()).clone();
+        if meta.snapshots.contains_key(key) {
+            return Err(Error::AlreadyExists(format!("snapshot {key}")));
+        }
+        let parent = check_parent(&meta, parent)?;
+        let id = meta.next_id.max(1);
+        meta.next_id = id + 1;
+        let dir = self.dirs.dir(id);
+        // A directory no record owns (a removal that failed) must not block its id.
+        if dir.exists() {
+            self.discard(&dir);
+        }
+        let limit = match wanted {
+            Some(wanted) => quota::make_dir(&self.root, &dir, wanted)?,
+            None => {
+                fs::create_dir(&dir)
+                    .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+                None
+            }
+        };
+        let now = meta::now();
+        let record = Record {
+            id,
+            kind,
+            parent,
+            labels,
+            created: now,
+            updated: now,
+            backing: Backing::Local,
+            chain: None,
+            quota: limit,
+            usage: None,
+        };
+        let made = self.make_files(&record).and_then(|()| {
+            meta.snapshots.insert(key.to_owned(), record);
+            self.publish(meta)
+        });
+        if let Err(e) = made {
+            self.discard(&dir);
+            return Err(e);
+        }
+        mounts::mounts(&self.dirs, &self.current(), key)
+    }
+
+    fn make_files(&self, record: &Record) -> Result<(), Error> {
+        let mut wanted = vec![self.dirs.files(record)];
+        if record.kind == Kind::Active {
+            wanted.push(self.dirs.work(record));
+        }
+        for dir in wanted {
+            fs::create_dir(&dir)
+                .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        }
+        Ok(())
+    }
+
+    /// Answers a labelled Prepare from the shared tree, when it can: Err(AlreadyExists)
+    /// once a committed snapshot of the shared layer carries the label over `parent`;
+    /// Ok(()) when the shared tree cannot serve it and a normal Prepare must follow.
+    fn adopt(
+        &self,
+        key: &str,
+        parent: &str,
+        target: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
+        let Some(layer) = shared.find(target) else {
+            return Ok(());
+        };
+        let _writer = self.writer.lock();
+        let mut meta = (*self.current()).clone();
+        let parent = check_parent(&meta, parent)?;
+        let parent_chain = match &parent {
+            Some(p) => meta.get(p)?.chain.clone(),
+            None => None,
+        };
+        if parent_chain != layer.parent_chain {
+            tracing::debug!(
+                key,
+                target,
+                "a shared layer over another parent; preparing normally"
+            );
+            return Ok(());
+        }
+        let name = adopted_name(key, target);
+        if let Some(existing) = meta.snapshots.get(&name) {
+            let same = existing.kind == Kind::Committed
+                && existing.parent == parent
+                && existing.labels.get(REF_LABEL).map(String::as_str) == Some(target);
+            return match same {
+                true => Err(Error::AlreadyExists(format!("snapshot {target}"))),
+                false => Ok(()),
+            };
+        }
+        let id = meta.next_id.max(1);
+        meta.next_id = id + 1;
+        let now = meta::now();
+        meta.snapshots.insert(
+            name.clone(),
+            Record {
+                id,
+                kind: Kind::Committed,
+                parent,
+                labels: labels.clone(),
+                created: now,
+                updated: now,
+                backing: Backing::Shared {
+                    layer: layer.id.clone(),
+                    diff: layer.diff.clone(),
+                },
+                chain: Some(target.to_owned()),
+                quota: None,
+                usage: Some(Usage::default()),
+            },
+        );
+        self.publish(meta)?;
+        tracing::info!(target, layer = layer.id, name, "adopted a shared layer");
+        Err(Error::AlreadyExists(format!("snapshot {target}")))
+    }
+
+    /// Commits the active snapshot `key` as `name`. When `name` is a chain ID the shared
+    /// tree holds over the same parent chain, the shared layer's files back the committed
+    /// snapshot and the local copy is dropped.
+    pub fn commit(
+        &self,
+        name: &str,
+        key: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        check_name(name)?;
+        let chain = chain_of_name(name).map(str::to_owned);
+        let shared = match (&self.shared, &chain) {
+            (Some(shared), Some(chain)) => shared.find(chain),
+            _ => None,
+        };
+        let _writer = self.writer.lock();
+        let mut meta = (*self.current()).clone();
+        let active = meta.get(key)?.clone();
+        if active.kind != Kind::Active {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {key} is not active"
+            )));
+        }
+        if meta.snapshots.contains_key(name) {
+            return Err(Error::AlreadyExists(format!("snapshot {name}")));
+        }
+        let dir = self.dirs.dir(active.id);
+        let usage = quota::usage(&self.root, &dir, active.quota.is_some())?;
+        let parent_chain = match &active.parent {
+            Some(p) => meta.get(p)?.chain.clone(),
+            None => None,
+        };
+        let dedupe = shared.filter(|layer| layer.parent_chain == parent_chain);
+        let mut record = Record {
+            kind: Kind::Committed,
+            labels,
+            updated: meta::now(),
+            chain,
+            usage: Some(usage),
+            ..active
+        };
+        if let Some(layer) = &dedupe {
+            record.backing = Backing::Shared {
+                layer: layer.id.clone(),
+                diff: layer.diff.clone(),
+            };
+        }
+        meta.snapshots.remove(key);
+        meta.snapshots.insert(name.to_owned(), record);
+        self.publish(meta)?;
+        if let Some(layer) = dedupe {
+            tracing::info!(
+                name,
+                layer = layer.id,
+                freed_bytes = usage.size,
+                "committed a shared layer's chain: keeping the shared files, dropping the local copy"
+            );
+            self.discard(&dir);
+        }
+        Ok(())
+    }
+
+    /// Removes the snapshot `key`, which no other snapshot may have as its parent. A shared
+    /// layer's files are never touched.
+    pub fn remove(&self, key: &str) -> Result<(), Error> {
+        let _writer = self.writer.lock();
+        let mut meta = (*self.current()).clone();
+        let record = meta.get(key)?.clone();
+        if meta.has_children(key) {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {key} is the parent of other snapshots"
+            )));
+        }
+        meta.snapshots.remove(key);
+        self.publish(meta)?;
+        if record.backing == Backing::Local {
+            self.discard(&self.dirs.dir(record.id));
+        }
+        Ok(())
+    }
+
+    pub fn stat(&self, key: &str) -> Result<Info, Error> {
+        let meta = self.current();
+        Ok(Info {
+            name: key.to_owned(),
+            record: meta.get(key)?.clone(),
+        })
+    }
+
+    /// Changes a snapshot's labels: all of them (`paths` empty or `labels`), or the ones
+    /// named `labels.<key>` (a key absent from `labels` is removed). Nothing else changes.
+    pub fn update(
+        &self,
+        name: &str,
+        labels: BTreeMap<String, String>,
+        paths: &[String],
+    ) -> Result<Info, Error> {
+        let _writer = self.writer.lock();
+        let mut meta = (*self.current()).clone();
+        let record = meta
+            .snapshots
+            .get_mut(name)
+            .ok_or_else(|| Error::NotFound(format!("snapshot {name}")))?;
+        if paths.is_empty() || paths.iter().any(|p| p == "labels") {
+            record.labels = labels;
+        } else {
+            for path in paths {
+                let Some(key) = path.strip_prefix("labels.") else {
+                    return Err(Error::InvalidArgument(format!(
+                        "cannot update field {path:?}: only labels can change"
+                    )));
+                };
+                match labels.get(key) {
+                    Some(value) => record.labels.insert(key.to_owned(), value.clone()),
+                    None => record.labels.remove(key),
+                };
+            }
+        }
+        record.updated = meta::now();
+        let info = Info {
+            name: name.to_owned(),
+            record: record.clone(),
+        };
+        self.publish(meta)?;
+        Ok(info)
+    }
+
+    pub fn list(&self, filters: &[String]) -> Result<Vec<Info>, Error> {
+        let filters = filters
+            .iter()
+            .map(|f| Filter::parse(f))
+            .collect::<Result<Vec<_>, _>>()?;
+        let meta = self.current();
+        Ok(meta
+            .snapshots
+            .iter()
+            .filter(|(name, record)| filter::any(&filters, name, record))
+            .map(|(name, record)| Info {
+                name: name.clone(),
+                record: record.clone(),
+            })
+            .collect())
+    }
+
+    pub fn mounts(&self, key: &str) -> Result<Vec<Mount>, Error> {
+        let meta = self.current();
+        // A shared layer removed from the shared tree leaves its snapshots without files:
+        // say so, rather than hand out a mount that fails with a bare ENOENT.
+        for name in std::iter::once(key).chain(meta.ancestors(key)?) {
+            if let Backing::Shared { layer, diff } = &meta.get(name)?.backing {
+                if !diff.is_dir() {
+                    return Err(Error::FailedPrecondition(format!(
+                        "snapshot {name}: its shared layer {layer} is gone from the shared tree"
+                    )));
+                }
+            }
+        }
+        mounts::mounts(&self.dirs, &meta, key)
+    }
+
+    /// What the snapshot `key` uses: for an active one, now (its quota's figures when it
+    /// has one); for a committed one, what it used when committed (nothing for a shared
+    /// layer, which takes no local space).
+    pub fn usage(&self, key: &str) -> Result<Usage, Error> {
+        let record = self.current().get(key)?.clone();
+        match (record.kind, record.usage) {
+            (Kind::Committed, Some(usage)) => Ok(usage),
+            _ => quota::usage(
+                &self.root,
+                &self.dirs.dir(record.id),
+                record.quota.is_some(),
+            ),
+        }
+    }
+
+    /// Removes the directories no snapshot owns: left by a crash, or by a removal that
+    /// could not finish.
+    pub fn cleanup(&self) -> Result<(), Error> {
+        let _writer = self.writer.lock();
+        let meta = self.current();
+        let owned: std::collections::HashSet<String> = meta
+            .snapshots
+            .values()
+            .filter(|r| r.backing == Backing::Local)
+            .map(|r| r.id.to_string())
+            .collect();
+        let dir = self.dirs.snapshots();
+        let entries =
+            fs::read_dir(&dir).map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !owned.contains(&name) {
+                tracing::info!(dir = %entry.path().display(), "removing a directory no snapshot owns");
+                tree::remove(&entry.path())
+                    .map_err(|e| Error::io(format!("removing {}", entry.path().display()), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a directory that is no longer wanted; a failure is left to cleanup.
+    fn discard(&self, dir: &Path) {
+        if let Err(e) = tree::remove(dir) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), error = %e, "left for cleanup");
+            }
+        }
+    }
+}
+
+/// The parent to record for a new snapshot: none for `""`, else a committed snapshot.
+fn check_parent(meta: &Meta, parent: &str) -> Result<Option<String>, Error> {
+    if parent.is_empty() {
+        return Ok(None);
+    }
+    let record = meta.get(parent)?;
+    if record.kind != Kind::Committed {
+        return Err(Error::InvalidArgument(format!(
+            "parent {parent} is not committed"
+        )));
+    }
+    Ok(Some(parent.to_owned()))
+}
+
+fn check_name(name: &str) -> Result<(), Error> {
+    if name.is_empty() {
+        return Err(Error::InvalidArgument("a snapshot needs a key".into()));
+    }
+    Ok(())
+}
+
+/// containerd names a snapshot `<namespace>/<seq>/<name>`; unpacks commit a layer under
+/// its chain ID.
+fn chain_of_name(name: &str) -> Option<&str> {
+    let last = name.rsplit('/').next()?;
+    shared::digest_hex(last).map(|_| last)
+}
+
+/// The name an adopted shared layer is committed as: the Prepare key's namespace and
+/// sequence number, which containerd allocated for this request alone, and the chain ID.
+fn adopted_name(key: &str, target: &str) -> String {
+    let mut parts = key.splitn(3, '/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(ns), Some(seq), Some(_)) => format!("{ns}/{seq}/{target}"),
+        _ => format!("{key}@{target}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let c = format!("sha256:{}", "a".repeat(64));
+        assert_eq!(chain_of_name(&format!("default/3/{c}")), Some(c.as_str()));
+        assert_eq!(chain_of_name("default/3/extract-1 x"), None);
+        assert_eq!(
+            adopted_name("k8s.io/7/extract-1-x sha256:abc", &c),
+            format!("k8s.io/7/{c}")
+        );
+        assert_eq!(adopted_name("plain", &c), format!("plain@{c}"));
+    }
+}
