@@ -85,7 +85,8 @@ pub fn any(filters: &[Filter], name: &str, record: &Record) -> bool {
 fn field(path: &[String], name: &str, record: &Record) -> Option<String> {
     match path {
         [f] if f == "name" => Some(name.to_owned()),
-        [f] if f == "parent" => record.parent.clone(),
+        // containerd's own adaptor: always present, empty for a snapshot without one.
+        [f] if f == "parent" => Some(record.parent.clone().unwrap_or_default()),
         [f] if f == "kind" => Some(kind_name(record.kind).to_owned()),
         [f, key @ ..] if f == "labels" && !key.is_empty() => {
             record.labels.get(&key.join(".")).cloned()
@@ -175,9 +176,10 @@ mod tests {
             "n",
             &record("other", &[("containerd.io/snapshot.ref", "sha256:abc")])
         ));
-        // An empty parent compares as absent.
+        // What containerd sends for a base layer: an empty parent.
         let base = Filter::parse(r#"labels."containerd.io/snapshot.ref"==x,parent=="""#).unwrap();
-        assert!(!base.matches("n", &record("", &[("containerd.io/snapshot.ref", "x")])));
+        assert!(base.matches("n", &record("", &[("containerd.io/snapshot.ref", "x")])));
+        assert!(!base.matches("n", &record("p", &[("containerd.io/snapshot.ref", "x")])));
     }
 
     #[test]

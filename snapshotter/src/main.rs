@@ -5,7 +5,9 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -64,14 +66,34 @@ fn main() -> Result<()> {
     runtime.block_on(serve(&args.address, Arc::new(snapshots)))
 }
 
+/// In-flight calls get this long to finish once asked to stop. containerd keeps its
+/// connection open, so the stop waits for calls, not for connections to close.
+const GRACE: Duration = Duration::from_secs(10);
+
 async fn serve(address: &Path, snapshots: Arc<Snapshots>) -> Result<()> {
     let listener = listen(address)?;
-    let result = tonic::transport::Server::builder()
-        .add_service(SnapshotsServer::new(Service::new(snapshots)))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop())
-        .await;
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = Service::new(snapshots);
+    let in_flight = service.in_flight();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(SnapshotsServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                let _ = stopped.await;
+            }),
+    );
+    stop().await;
+    let _ = stopping.send(());
+    let deadline = tokio::time::Instant::now() + GRACE;
+    while in_flight.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let result = match server.is_finished() {
+        true => server.await.context("the server task")?.context("serving"),
+        false => Ok(()),
+    };
     let _ = fs::remove_file(address);
-    result.context("serving")
+    result
 }
 
 /// Binds `address`, taking over a socket file only when nothing answers on it.

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -21,11 +22,20 @@ const LIST_BATCH: usize = 100;
 #[derive(Clone)]
 pub struct Service {
     snapshots: Arc<Snapshots>,
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl Service {
     pub fn new(snapshots: Arc<Snapshots>) -> Service {
-        Service { snapshots }
+        Service {
+            snapshots,
+            in_flight: Arc::default(),
+        }
+    }
+
+    /// How many calls are being served now, so that a stop can wait for them and no longer.
+    pub fn in_flight(&self) -> Arc<AtomicUsize> {
+        self.in_flight.clone()
     }
 
     async fn run<T: Send + 'static>(
@@ -34,9 +44,17 @@ impl Service {
         f: impl FnOnce(&Snapshots) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Status> {
         let snapshots = self.snapshots.clone();
-        let result = tokio::task::spawn_blocking(move || f(&snapshots))
-            .await
-            .map_err(|e| Status::internal(format!("{op}: {e}")))?;
+        let in_flight = self.in_flight.clone();
+        in_flight.fetch_add(1, Ordering::SeqCst);
+        // Counted down on the blocking thread, so a caller that gives up early does not
+        // make a change still running look finished.
+        let result = tokio::task::spawn_blocking(move || {
+            let result = f(&snapshots);
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            result
+        })
+        .await
+        .map_err(|e| Status::internal(format!("{op}: {e}")))?;
         result.map_err(|e| {
             match e.code() {
                 tonic::Code::NotFound | tonic::Code::AlreadyExists => {

@@ -1,0 +1,547 @@
+//! What the snapshotter's tests share: a layerfs mount over a remote tree, the snapshotter
+//! and containerd as processes, a gRPC client, and images made from Debian's static
+//! busybox. Every process and mount is stopped by its guard, also when a test fails.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use layerfs_snapshotter::api::snapshots::snapshots_client::SnapshotsClient;
+use sha2::{Digest, Sha256};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub const SNAPSHOTTER: &str = env!("CARGO_BIN_EXE_layerfs-snapshotter");
+
+/// The `layerfs` binary of this workspace and profile, built if missing. A build of its own
+/// target dir, so that it never waits for the lock of the build running these tests.
+pub fn layerfs_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.parent().unwrap().parent().unwrap().to_owned();
+        let built = profile_dir.join("layerfs");
+        if built.exists() {
+            return built;
+        }
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let target = workspace.join("target/for-snapshotter-tests");
+        let release = profile_dir.ends_with("release");
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .current_dir(workspace)
+            .args(["build", "-p", "layerfs", "--bin", "layerfs", "--target-dir"])
+            .arg(&target);
+        if release {
+            cargo.arg("--release");
+        }
+        assert!(cargo.status().unwrap().success(), "building layerfs");
+        target
+            .join(if release { "release" } else { "debug" })
+            .join("layerfs")
+    })
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("layerfs-snap")
+        .tempdir()
+        .unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+pub fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn is_mounted(path: &Path) -> bool {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let path = path.to_string_lossy();
+    mounts
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(path.as_ref()))
+}
+
+/// A layerfs mount of a remote tree in iSulad's layout, with `-o allow_other,suid,dev` as
+/// containers need.
+pub struct View {
+    pub dir: tempfile::TempDir,
+    pub remote: PathBuf,
+    pub local: PathBuf,
+    pub mnt: PathBuf,
+    child: Option<Child>,
+}
+
+impl View {
+    pub fn new() -> View {
+        let dir = tempdir();
+        let remote = dir.path().join("remote");
+        for area in ["overlay/RO", "overlay-layers/RO", "overlay-images"] {
+            fs::create_dir_all(remote.join(area)).unwrap();
+        }
+        let local = dir.path().join("local");
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&local).unwrap();
+        fs::create_dir(&mnt).unwrap();
+        let mut view = View {
+            dir,
+            remote,
+            local,
+            mnt,
+            child: None,
+        };
+        view.mount();
+        view
+    }
+
+    fn mount(&mut self) {
+        let child = Command::new(layerfs_bin())
+            .arg("mount")
+            .arg("--remote")
+            .arg(&self.remote)
+            .arg("--local")
+            .arg(&self.local)
+            .args(["-o", "allow_other,suid,dev", "-f"])
+            .arg(&self.mnt)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        eventually(20, "the layerfs mount", || is_mounted(&self.mnt));
+    }
+
+    /// Makes the mount take what the remote tree holds now.
+    pub fn refresh(&self) {
+        let out = Command::new(layerfs_bin())
+            .arg("refresh")
+            .arg(&self.mnt)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while is_mounted(&self.mnt) {
+            let _ = Command::new("umount")
+                .arg(&self.mnt)
+                .stderr(Stdio::null())
+                .status();
+            if Instant::now() > deadline {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A running `layerfs-snapshotter`.
+pub struct Snapshotter {
+    pub socket: PathBuf,
+    pub root: PathBuf,
+    view: Option<PathBuf>,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Snapshotter {
+    /// Serves on `socket`, with snapshots under `root` and shared layers from `view`
+    /// (`None`: whatever layerfs mount `root` is in).
+    pub fn start(socket: &Path, root: &Path, view: Option<&Path>) -> Snapshotter {
+        let log = socket.with_extension("log");
+        let mut s = Snapshotter {
+            socket: socket.to_owned(),
+            root: root.to_owned(),
+            view: view.map(Path::to_owned),
+            child: None,
+            log,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut cmd = Command::new(SNAPSHOTTER);
+        cmd.arg("--address")
+            .arg(&self.socket)
+            .arg("--root")
+            .arg(&self.root)
+            .env("LAYERFS_LOG", "layerfs_snapshotter=debug,info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        if let Some(view) = &self.view {
+            cmd.arg("--view").arg(view);
+        }
+        self.child = Some(cmd.spawn().unwrap());
+        let socket = self.socket.clone();
+        let child = self.child.as_mut().unwrap();
+        eventually(20, "the snapshotter's socket", || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the snapshotter exited with {status}");
+            }
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        });
+    }
+
+    /// Stops it with SIGTERM and waits; the socket is gone afterwards.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub async fn client(&self) -> SnapshotsClient<Channel> {
+        connect(&self.socket).await
+    }
+}
+
+impl Drop for Snapshotter {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("--- snapshotter log ---\n{}", self.log_text());
+        }
+    }
+}
+
+pub async fn connect(socket: &Path) -> SnapshotsClient<Channel> {
+    let socket = socket.to_owned();
+    let channel = Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .unwrap();
+    SnapshotsClient::new(channel)
+}
+
+// ---- Images ----
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A layer as an uncompressed tar.
+pub struct Layer {
+    pub tar: Vec<u8>,
+}
+
+impl Layer {
+    /// Debian's static busybox as `/bin/busybox`, the applets the tests use, `/tmp`, `/etc`.
+    pub fn busybox() -> Layer {
+        let busybox = fs::read("/bin/busybox").expect("/bin/busybox (Debian's busybox-static)");
+        let mut b = LayerBuilder::new();
+        b.dir("bin");
+        b.file("bin/busybox", &busybox, 0o755);
+        for applet in [
+            "sh", "ls", "cat", "echo", "dd", "df", "mkdir", "rm", "mv", "sync", "sleep", "id",
+            "stat", "head", "test", "touch",
+        ] {
+            b.symlink(&format!("bin/{applet}"), "busybox");
+        }
+        b.dir("tmp");
+        b.dir("etc");
+        b.finish()
+    }
+
+    /// One file, `path`, holding `content`, and its parent directories.
+    pub fn file(path: &str, content: &[u8]) -> Layer {
+        let mut b = LayerBuilder::new();
+        let mut at = String::new();
+        let parts: Vec<&str> = path.split('/').collect();
+        for part in &parts[..parts.len() - 1] {
+            at = if at.is_empty() {
+                part.to_string()
+            } else {
+                format!("{at}/{part}")
+            };
+            b.dir(&at);
+        }
+        b.file(path, content, 0o644);
+        b.finish()
+    }
+
+    pub fn diff_id(&self) -> String {
+        sha256_hex(&self.tar)
+    }
+}
+
+struct LayerBuilder(tar::Builder<Vec<u8>>);
+
+impl LayerBuilder {
+    fn new() -> LayerBuilder {
+        LayerBuilder(tar::Builder::new(Vec::new()))
+    }
+
+    fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_size(size);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h
+    }
+
+    fn dir(&mut self, path: &str) {
+        let mut h = Self::header(tar::EntryType::Directory, 0o755, 0);
+        self.0.append_data(&mut h, path, std::io::empty()).unwrap();
+    }
+
+    fn file(&mut self, path: &str, content: &[u8], mode: u32) {
+        let mut h = Self::header(tar::EntryType::Regular, mode, content.len() as u64);
+        self.0.append_data(&mut h, path, content).unwrap();
+    }
+
+    fn symlink(&mut self, path: &str, target: &str) {
+        let mut h = Self::header(tar::EntryType::Symlink, 0o777, 0);
+        self.0.append_link(&mut h, path, target).unwrap();
+    }
+
+    fn finish(self) -> Layer {
+        Layer {
+            tar: self.0.into_inner().unwrap(),
+        }
+    }
+}
+
+/// An OCI image of some layers.
+pub struct Image {
+    pub name: String,
+    pub layers: Vec<Layer>,
+}
+
+impl Image {
+    /// The chain IDs of its layers, base first, as `sha256:<hex>`.
+    pub fn chain_ids(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for layer in &self.layers {
+            let diff = format!("sha256:{}", layer.diff_id());
+            out.push(match out.last() {
+                None => diff,
+                Some(below) => format!(
+                    "sha256:{}",
+                    sha256_hex(format!("{below} {diff}").as_bytes())
+                ),
+            });
+        }
+        out
+    }
+
+    /// An OCI archive `ctr images import` takes, named by `io.containerd.image.name`.
+    pub fn oci_archive(&self) -> Vec<u8> {
+        let mut blobs: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut put = |bytes: Vec<u8>| {
+            let digest = sha256_hex(&bytes);
+            let size = bytes.len();
+            blobs.push((digest.clone(), bytes));
+            (digest, size)
+        };
+        let diff_ids: Vec<String> = self
+            .layers
+            .iter()
+            .map(|l| format!("sha256:{}", l.diff_id()))
+            .collect();
+        let layers: Vec<serde_json::Value> = self
+            .layers
+            .iter()
+            .map(|l| {
+                let (digest, size) = put(l.tar.clone());
+                serde_json::json!({
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": format!("sha256:{digest}"), "size": size,
+                })
+            })
+            .collect();
+        let config = serde_json::json!({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Cmd": ["/bin/sh"]},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        });
+        let (config_digest, config_size) = put(serde_json::to_vec(&config).unwrap());
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": format!("sha256:{config_digest}"), "size": config_size,
+            },
+            "layers": layers,
+        });
+        let (manifest_digest, manifest_size) = put(serde_json::to_vec(&manifest).unwrap());
+        let index = serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [{
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": format!("sha256:{manifest_digest}"), "size": manifest_size,
+                "annotations": {"io.containerd.image.name": self.name},
+            }],
+        });
+        let mut archive = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, bytes: &[u8]| {
+            let mut h = tar::Header::new_ustar();
+            h.set_mode(0o644);
+            h.set_size(bytes.len() as u64);
+            archive.append_data(&mut h, path, bytes).unwrap();
+        };
+        add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+        add("index.json", &serde_json::to_vec(&index).unwrap());
+        for (digest, bytes) in &blobs {
+            add(&format!("blobs/sha256/{digest}"), bytes);
+        }
+        archive.into_inner().unwrap()
+    }
+
+    /// Puts its layers on a remote tree as an iSulad writer host does: each one named by
+    /// its chain ID, its files unpacked in `overlay/RO/<id>/diff`, `layer.json` with its
+    /// parent and `diff-digest`. Returns the layer ids, base first.
+    pub fn write_shared(&self, remote: &Path) -> Vec<String> {
+        let mut ids = Vec::new();
+        let mut below: Option<(String, String)> = None;
+        for (layer, chain) in self.layers.iter().zip(self.chain_ids()) {
+            let id = chain.trim_start_matches("sha256:").to_owned();
+            let short = id[..26].to_owned();
+            let overlay = remote.join("overlay/RO").join(&id);
+            fs::create_dir_all(overlay.join("diff")).unwrap();
+            fs::create_dir_all(overlay.join("work")).unwrap();
+            tar::Archive::new(&layer.tar[..])
+                .unpack(overlay.join("diff"))
+                .unwrap();
+            fs::write(overlay.join("link"), &short).unwrap();
+            let parent = match &below {
+                None => {
+                    fs::create_dir(overlay.join("empty")).unwrap();
+                    String::new()
+                }
+                Some((parent, parent_short)) => {
+                    fs::write(overlay.join("lower"), format!("l/{parent_short}")).unwrap();
+                    format!(r#","parent":"{parent}""#)
+                }
+            };
+            let meta = remote.join("overlay-layers/RO").join(&id);
+            fs::create_dir_all(&meta).unwrap();
+            let json = format!(
+                r#"{{"id":"{id}","diff-digest":"sha256:{}","diff-size":{}{parent}}}"#,
+                layer.diff_id(),
+                layer.tar.len()
+            );
+            fs::write(meta.join("layer.json"), json).unwrap();
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            std::io::Write::write_all(&mut gz, b"{\"type\":1}\n").unwrap();
+            fs::write(
+                meta.join(format!("{id}.tar-split.gz")),
+                gz.finish().unwrap(),
+            )
+            .unwrap();
+            below = Some((id.clone(), short));
+            ids.push(id);
+        }
+        ids
+    }
+}
+
+/// A stable digest of a tree: names, kinds, modes and contents, in order.
+pub fn tree_hash(root: &Path) -> String {
+    let mut hasher = Sha256::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(path) = stack.pop() {
+        let meta = fs::symlink_metadata(&path).unwrap();
+        hasher.update(
+            path.strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .as_bytes(),
+        );
+        hasher.update(format!("{:o}", std::os::unix::fs::MetadataExt::mode(&meta)).as_bytes());
+        if meta.is_dir() {
+            let mut names: Vec<PathBuf> = fs::read_dir(&path)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            names.sort();
+            names.reverse();
+            stack.extend(names);
+        } else if meta.file_type().is_symlink() {
+            hasher.update(fs::read_link(&path).unwrap().to_string_lossy().as_bytes());
+        } else if meta.is_file() {
+            let mut bytes = Vec::new();
+            fs::File::open(&path)
+                .unwrap()
+                .read_to_end(&mut bytes)
+                .unwrap();
+            hasher.update(&bytes);
+        }
+    }
+    format!("{:x}", hasher.finalize())
+}
+
+pub fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
