@@ -545,3 +545,126 @@ pub fn output_text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+// ---- containerd ----
+
+/// A containerd of its own (root, state, socket, config) with the snapshotter at
+/// `snapshotter` as its proxy plugin `layerfs`.
+pub struct Containerd {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl Containerd {
+    pub fn start(dir: &Path, snapshotter: &Path) -> Containerd {
+        fs::create_dir_all(dir).unwrap();
+        let socket = dir.join("containerd.sock");
+        let config = format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{socket}"
+[proxy_plugins.layerfs]
+  type = "snapshot"
+  address = "{snapshotter}"
+"#,
+            root = dir.join("root").display(),
+            state = dir.join("state").display(),
+            socket = socket.display(),
+            snapshotter = snapshotter.display(),
+        );
+        fs::write(dir.join("config.toml"), config).unwrap();
+        let log = fs::File::create(dir.join("containerd.log")).unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("containerd (Debian's containerd package)");
+        let mut c = Containerd {
+            dir: dir.to_owned(),
+            socket,
+            child: Some(child),
+        };
+        eventually(30, "containerd's socket", || {
+            if let Ok(Some(status)) = c.child.as_mut().unwrap().try_wait() {
+                panic!("containerd exited with {status}: {}", c.log());
+            }
+            c.socket.exists() && c.ctr(&["version"]).status.success()
+        });
+        c
+    }
+
+    /// `ctr` against this containerd, bounded in time.
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("timeout")
+            .arg("120")
+            .arg("ctr")
+            .arg("-a")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// `ctr`, which must succeed; its stdout.
+    pub fn ctr_ok(&self, args: &[&str]) -> String {
+        let out = self.ctr(args);
+        assert!(out.status.success(), "ctr {args:?}: {}", output_text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn import(&self, image: &Image) {
+        let archive = self.dir.join("image.tar");
+        fs::write(&archive, image.oci_archive()).unwrap();
+        self.ctr_ok(&[
+            "images",
+            "import",
+            "--snapshotter",
+            "layerfs",
+            &archive.to_string_lossy(),
+        ]);
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // Shims outlive containerd; ours are the ones given our socket.
+        let _ = Command::new("pkill")
+            .arg("-KILL")
+            .arg("-f")
+            .arg(self.socket.to_string_lossy().as_ref())
+            .status();
+        if let Some(mut child) = self.child.take() {
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut ours: Vec<&str> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|p| Path::new(p).starts_with(&self.dir))
+            .collect();
+        ours.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for point in ours {
+            let _ = Command::new("umount").arg("-l").arg(point).status();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- containerd log ---\n{}", self.log());
+        }
+    }
+}

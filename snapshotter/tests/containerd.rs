@@ -1,0 +1,225 @@
+//! The snapshotter under the real containerd (Debian's 1.6): images imported and run,
+//! quotas from labels, shared layers kept instead of local copies, restarts and garbage
+//! collection. Needs root, /dev/fuse, `containerd`, `runc` and `busybox-static`.
+
+mod common;
+
+use std::fs;
+
+use common::*;
+
+const IMAGE: &str = "docker.io/library/layerfs-test:1";
+
+fn busybox_image() -> Image {
+    Image {
+        name: IMAGE.into(),
+        layers: vec![
+            Layer::busybox(),
+            Layer::file("etc/marker", b"from the second layer\n"),
+        ],
+    }
+}
+
+/// `df -k /` inside a container: (total KiB, line).
+fn df_total(out: &str) -> u64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("overlay") || l.starts_with("/dev"))
+        .unwrap_or_else(|| panic!("no df line in {out}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+const FILL: &str = "df -k / | tail -n 1; dd if=/dev/zero of=/big bs=64k count=200 2>&1; echo dd=$?";
+
+#[test]
+fn quota_labels_limit_a_container_and_df_shows_it() {
+    let view = View::new();
+    let tmp = tempdir();
+    let snapshotter = Snapshotter::start(
+        &tmp.path().join("s.sock"),
+        &view.mnt.join("snapshots"),
+        None,
+    );
+    let containerd = Containerd::start(&tmp.path().join("containerd"), &snapshotter.socket);
+    containerd.import(&busybox_image());
+
+    let run = |id: &str, label: &str| {
+        containerd.ctr_ok(&[
+            "run",
+            "--rm",
+            "--snapshotter",
+            "layerfs",
+            "--snapshotter-label",
+            label,
+            IMAGE,
+            id,
+            "/bin/sh",
+            "-c",
+            FILL,
+        ])
+    };
+    // containerd's own label, forwarded from `ctr run --snapshotter-label`.
+    let out = run("max-size", "containerd.io/snapshot/max-size=1048576");
+    assert_eq!(df_total(&out), 1024, "{out}");
+    assert!(
+        out.contains("No space left on device") && !out.contains("dd=0"),
+        "{out}"
+    );
+    // The seed's storage { size }.
+    let out = run(
+        "storage-size",
+        "containerd.io/snapshot/layerfs.storage.size=2M",
+    );
+    assert_eq!(df_total(&out), 2048, "{out}");
+    assert!(out.contains("No space left on device"), "{out}");
+    // No label: no limit.
+    let out = containerd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "layerfs",
+        IMAGE,
+        "free",
+        "/bin/sh",
+        "-c",
+        FILL,
+    ]);
+    assert!(out.contains("dd=0"), "{out}");
+    assert!(df_total(&out) > 4096, "{out}");
+}
+
+#[test]
+fn quota_labels_where_the_root_cannot_enforce_them() {
+    let tmp = tempdir();
+    // A root outside any layerfs mount.
+    let snapshotter =
+        Snapshotter::start(&tmp.path().join("s.sock"), &tmp.path().join("plain"), None);
+    let containerd = Containerd::start(&tmp.path().join("containerd"), &snapshotter.socket);
+    containerd.import(&busybox_image());
+    let run = |id: &str, labels: &[&str]| {
+        let mut args = vec!["run", "--rm", "--snapshotter", "layerfs"];
+        for l in labels {
+            args.extend(["--snapshotter-label", l]);
+        }
+        args.extend([IMAGE, id, "/bin/sh", "-c", "echo ran"]);
+        containerd.ctr(&args)
+    };
+    let strict = run(
+        "strict",
+        &["containerd.io/snapshot/layerfs.storage.size=1M"],
+    );
+    assert!(!strict.status.success(), "{}", output_text(&strict));
+    let text = output_text(&strict);
+    assert!(
+        text.contains("cannot set a quota") && text.contains("plain directory"),
+        "{text}"
+    );
+
+    let lenient = run(
+        "lenient",
+        &[
+            "containerd.io/snapshot/layerfs.storage.size=1M",
+            "containerd.io/snapshot/layerfs.storage.ignore-failed=true",
+        ],
+    );
+    assert!(lenient.status.success(), "{}", output_text(&lenient));
+    let hint = run("hint", &["containerd.io/snapshot/max-size=1048576"]);
+    assert!(hint.status.success(), "{}", output_text(&hint));
+    assert!(snapshotter
+        .log_text()
+        .contains("going on without the quota"));
+}
+
+#[test]
+fn an_imported_image_the_shared_tree_holds_runs_on_the_shared_layers() {
+    let view = View::new();
+    let image = busybox_image();
+    let ids = image.write_shared(&view.remote);
+    view.refresh();
+    let remote_before = tree_hash(&view.remote);
+    let tmp = tempdir();
+    let root = view.mnt.join("snapshots");
+    let mut snapshotter = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let containerd = Containerd::start(&tmp.path().join("containerd"), &snapshotter.socket);
+
+    containerd.import(&image);
+    let log = snapshotter.log_text();
+    assert_eq!(log.matches("dropping the local copy").count(), 2, "{log}");
+    let left: Vec<_> = fs::read_dir(root.join("snapshots")).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "no local copy of a shared layer is kept: {left:?}"
+    );
+    let table = fs::read_to_string(root.join("metadata.json")).unwrap();
+    for id in &ids {
+        assert!(table.contains(&format!("\"layer\": \"{id}\"")), "{table}");
+    }
+
+    // A restart of the snapshotter: containerd reconnects after its backoff.
+    snapshotter.restart();
+    let script =
+        "cat /etc/marker; echo new > /etc/new; rm /bin/head; mkdir -p /d/e; mv /d /moved; \
+                  ls /moved; test -e /bin/head && echo head-still-there; cat /etc/new";
+    let mut out = containerd.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "layerfs",
+        IMAGE,
+        "c1",
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !out.status.success() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let _ = containerd.ctr(&["containers", "rm", "c1"]);
+        out = containerd.ctr(&[
+            "run",
+            "--rm",
+            "--snapshotter",
+            "layerfs",
+            IMAGE,
+            "c1",
+            "/bin/sh",
+            "-c",
+            script,
+        ]);
+    }
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("from the second layer")
+            && text.contains("\nnew\n")
+            && text.contains("\ne\n"),
+        "{text}"
+    );
+    assert!(!text.contains("head-still-there"), "{text}");
+
+    // Garbage collection after the image goes: every snapshot, and nothing shared.
+    containerd.ctr_ok(&["images", "rm", "--sync", IMAGE]);
+    eventually(30, "garbage collection of the snapshots", || {
+        let table = fs::read_to_string(root.join("metadata.json")).unwrap();
+        !table.contains("\"kind\"")
+    });
+    assert!(fs::read_dir(root.join("snapshots"))
+        .unwrap()
+        .next()
+        .is_none());
+    for id in &ids {
+        assert!(
+            view.mnt
+                .join("overlay/RO")
+                .join(id)
+                .join("diff/bin/busybox")
+                .exists()
+                || id != &ids[0]
+        );
+    }
+    assert_eq!(
+        tree_hash(&view.remote),
+        remote_before,
+        "the remote tree was modified"
+    );
+}
