@@ -558,6 +558,11 @@ pub struct Containerd {
 
 impl Containerd {
     pub fn start(dir: &Path, snapshotter: &Path) -> Containerd {
+        Containerd::start_with(dir, snapshotter, "")
+    }
+
+    /// With more configuration appended (a CRI section, say).
+    pub fn start_with(dir: &Path, snapshotter: &Path, extra: &str) -> Containerd {
         fs::create_dir_all(dir).unwrap();
         let socket = dir.join("containerd.sock");
         let config = format!(
@@ -569,6 +574,7 @@ state = "{state}"
 [proxy_plugins.layerfs]
   type = "snapshot"
   address = "{snapshotter}"
+{extra}
 "#,
             root = dir.join("root").display(),
             state = dir.join("state").display(),
@@ -665,6 +671,56 @@ impl Drop for Containerd {
         }
         if std::thread::panicking() {
             eprintln!("--- containerd log ---\n{}", self.log());
+        }
+    }
+}
+
+// ---- A registry on 127.0.0.1 ----
+
+/// Debian's `docker-registry` serving plain HTTP on a free port of 127.0.0.1.
+pub struct Registry {
+    pub address: String,
+    child: Option<Child>,
+}
+
+impl Registry {
+    pub fn start(dir: &Path) -> Registry {
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let address = format!("127.0.0.1:{port}");
+        fs::create_dir_all(dir.join("data")).unwrap();
+        let config = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {address}\n",
+            dir.join("data").display()
+        );
+        fs::write(dir.join("config.yml"), config).unwrap();
+        let log = fs::File::create(dir.join("registry.log")).unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(dir.join("config.yml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("docker-registry (Debian's docker-registry package)");
+        let registry = Registry {
+            address: address.clone(),
+            child: Some(child),
+        };
+        eventually(30, "the registry", || {
+            std::net::TcpStream::connect(&address).is_ok()
+        });
+        registry
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

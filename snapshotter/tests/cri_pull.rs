@@ -1,0 +1,152 @@
+//! The pull path of Kubernetes: containerd's CRI plugin pulls an image from a registry
+//! and unpacks it with the remote-snapshot label. Layers the shared tree holds are adopted:
+//! neither fetched from the registry nor applied. The same pull with containerd's overlayfs
+//! snapshotter fetches and applies every layer.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+mod cri {
+    include!(concat!(env!("OUT_DIR"), "/runtime.v1.rs"));
+}
+
+fn image() -> Image {
+    Image {
+        name: "docker.io/library/layerfs-cri:1".into(),
+        layers: vec![Layer::busybox(), Layer::file("etc/marker", b"cri\n")],
+    }
+}
+
+/// Pushes `image` to `registry` as `<registry>/layerfs/cri:1`, through a containerd of its
+/// own, and returns that reference.
+fn push(image: &Image, registry: &Registry, dir: &Path) -> String {
+    let tmp = dir.join("pusher");
+    let snapshotter = Snapshotter::start(&dir.join("pusher.sock"), &tmp.join("snapshots"), None);
+    let containerd = Containerd::start(&tmp.join("containerd"), &snapshotter.socket);
+    containerd.import(image);
+    let reference = format!("{}/layerfs/cri:1", registry.address);
+    containerd.ctr_ok(&["images", "tag", &image.name, &reference]);
+    containerd.ctr_ok(&["images", "push", "--plain-http", &reference]);
+    reference
+}
+
+fn cri_config(snapshotter: &str, registry: &Registry) -> String {
+    format!(
+        r#"[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "{snapshotter}"
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."{address}"]
+  endpoint = ["http://{address}"]
+"#,
+        address = registry.address
+    )
+}
+
+async fn cri_pull(containerd: &Containerd, reference: &str) -> String {
+    let socket = containerd.socket.clone();
+    let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = cri::image_service_client::ImageServiceClient::new(channel);
+    let request = cri::PullImageRequest {
+        image: Some(cri::ImageSpec {
+            image: reference.into(),
+        }),
+    };
+    let mut last = None;
+    // The CRI plugin finishes starting a moment after containerd's socket is up.
+    for _ in 0..60 {
+        match client.pull_image(request.clone()).await {
+            Ok(r) => return r.into_inner().image_ref,
+            Err(e)
+                if e.code() == tonic::Code::Unimplemented
+                    || e.code() == tonic::Code::Unavailable =>
+            {
+                last = Some(e);
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("PullImage: {e:?}\n{}", containerd.log()),
+        }
+    }
+    panic!("PullImage never answered: {last:?}");
+}
+
+/// How many of `image`'s layer blobs containerd's content store holds.
+fn fetched_layers(containerd: &Containerd, image: &Image) -> usize {
+    let blobs = containerd.ctr_ok(&["-n", "k8s.io", "content", "ls", "--quiet"]);
+    assert!(blobs.lines().count() >= 2, "the manifest and config are there: {blobs}");
+    image
+        .layers
+        .iter()
+        .filter(|l| blobs.lines().any(|b| b.trim() == format!("sha256:{}", l.diff_id())))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cri_pull_adopts_the_shared_layers_instead_of_fetching_them() {
+    let image = image();
+    let tmp = tempdir();
+    let registry = Registry::start(&tmp.path().join("registry"));
+    let reference = push(&image, &registry, tmp.path());
+
+    // With the layerfs snapshotter over a view that holds the layers: nothing fetched.
+    let view = View::new();
+    image.write_shared(&view.remote);
+    view.refresh();
+    let remote_before = tree_hash(&view.remote);
+    let root = view.mnt.join("snapshots");
+    let snapshotter = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let containerd = Containerd::start_with(
+        &tmp.path().join("containerd"),
+        &snapshotter.socket,
+        &cri_config("layerfs", &registry),
+    );
+    let image_ref = cri_pull(&containerd, &reference).await;
+    assert!(image_ref.starts_with("sha256:"), "{image_ref}");
+    let log = snapshotter.log_text();
+    assert_eq!(log.matches("adopted a shared layer").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("commit name=").count(),
+        0,
+        "nothing applied: {log}"
+    );
+    assert_eq!(fetched_layers(&containerd, &image), 0, "no layer fetched");
+    assert!(std::fs::read_dir(root.join("snapshots"))
+        .unwrap()
+        .next()
+        .is_none());
+    let out = containerd.ctr_ok(&[
+        "-n",
+        "k8s.io",
+        "run",
+        "--rm",
+        "--snapshotter",
+        "layerfs",
+        &reference,
+        "c",
+        "/bin/cat",
+        "/etc/marker",
+    ]);
+    assert_eq!(out, "cri\n");
+    drop(containerd);
+    assert_eq!(tree_hash(&view.remote), remote_before);
+
+    // The same pull with containerd's own overlayfs snapshotter fetches and applies both.
+    let plain = Containerd::start_with(
+        &tmp.path().join("containerd-overlayfs"),
+        &snapshotter.socket,
+        &cri_config("overlayfs", &registry),
+    );
+    cri_pull(&plain, &reference).await;
+    assert_eq!(fetched_layers(&plain, &image), 2);
+}
