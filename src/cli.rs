@@ -171,6 +171,10 @@ pub struct MountArgs {
     /// Seconds between refresh rounds of the remote; 0 = only on demand (same as `-o refresh=`).
     #[arg(long, value_name = "SECS")]
     pub refresh: Option<String>,
+    /// Bind-mount the view's layout dirs into ROOT, a directory on a regular filesystem
+    /// (same as `-o expose_into=`).
+    #[arg(long, value_name = "ROOT")]
+    pub expose_into: Option<PathBuf>,
     /// Mount options, comma-separated (see below).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -199,6 +203,9 @@ impl MountArgs {
         }
         if let Some(refresh) = self.refresh {
             config.apply_option(&format!("refresh={refresh}"))?;
+        }
+        if let Some(root) = self.expose_into {
+            config.expose_into = Some(root);
         }
         if let Some(style) = self.link_style {
             config.link_style = match style {

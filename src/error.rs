@@ -43,6 +43,8 @@ pub enum Error {
         #[source]
         source: crate::view::quota::QuotaError,
     },
+    #[error(transparent)]
+    Expose(#[from] crate::expose::ExposeError),
     #[error("opening {}: {source}", path.display())]
     Open {
         path: PathBuf,

@@ -11,9 +11,9 @@
 //! 4. [`fs`]: the FUSE glue, requests to view calls; [`refresh`]: rescans the remote, swaps
 //!    the index and tells the kernel what to forget; [`metrics`]: counters and the
 //!    Prometheus endpoint.
-//! 5. The edge: [`config`] (options), [`mount`], [`launch`], [`daemon`], [`local_lock`],
-//!    [`logging`] and [`error`] (starting and serving a mount), [`control`] (the control
-//!    socket and the commands that use it), [`cli`].
+//! 5. The edge: [`config`] (options), [`mount`], [`expose`], [`launch`], [`daemon`],
+//!    [`local_lock`], [`logging`] and [`error`] (starting and serving a mount), [`control`]
+//!    (the control socket and the commands that use it), [`cli`].
 //!
 //! The core never depends on [`control`]: the control server calls the mount through
 //! [`control::MountControl`] and carries [`report`] types as they are.
@@ -23,6 +23,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod expose;
 pub mod fs;
 pub mod launch;
 pub mod layout;

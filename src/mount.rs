@@ -49,7 +49,9 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     };
     let remote = open(&config.remote)?;
     let local = open(&config.local)?;
-    let layout = Layout::new(&config.driver, &config.mountpoint, config.link_style);
+    // Exposed, the layout lives where the runtime sees it, and its absolute links say so.
+    let link_base = config.expose_into.as_ref().unwrap_or(&config.mountpoint);
+    let layout = Layout::new(&config.driver, link_base, config.link_style);
     let mut view =
         View::new(layout, local, remote, LayoutIndex::default()).map_err(|source| Error::Open {
             path: config.local.clone(),
@@ -174,16 +176,99 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         Err(e) => warn!(error = %e, "signals will not unmount the filesystem"),
     }
     info!(mountpoint = %config.mountpoint.display(), "mounted");
-    readiness.ready();
-    session.run().map_err(|source| Error::Mount {
+    let exposure = match &config.expose_into {
+        Some(root) => Some(expose_when_served(
+            root,
+            config,
+            std::mem::replace(readiness, Readiness::foreground()),
+        )?),
+        None => {
+            readiness.ready();
+            None
+        }
+    };
+    let served = session.run().map_err(|source| Error::Mount {
         path: config.mountpoint.clone(),
         source,
-    })?;
+    });
+    if let Some(exposure) = exposure {
+        exposure.finish()?;
+    }
+    served?;
     handle.stop();
     drop(control_server);
     drop(metrics_server);
     info!(mountpoint = %config.mountpoint.display(), "unmounted");
     Ok(())
+}
+
+/// The binds of `--expose-into`, made by a thread of their own: they look the view up,
+/// which only answers once the session runs.
+struct Exposure {
+    exposed: Arc<parking_lot::Mutex<Option<Arc<crate::expose::Exposed>>>>,
+    failed: Arc<parking_lot::Mutex<Option<crate::expose::ExposeError>>>,
+}
+
+impl Exposure {
+    /// After the session: the binds go (lazily, if something still uses them), and a
+    /// failure to make them is the mount's failure.
+    fn finish(self) -> Result<()> {
+        if let Some(exposed) = self.exposed.lock().take() {
+            exposed.withdraw();
+        }
+        match self.failed.lock().take() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Exposes the view in `root` once it is served, then tells `readiness`: the mount is live
+/// only when the runtime can see it. Failing, it takes the view down again. Then it waits
+/// for the view's unmount to withdraw the binds, which would keep the session alive.
+fn expose_when_served(
+    root: &std::path::Path,
+    config: &MountConfig,
+    mut readiness: Readiness,
+) -> Result<Exposure> {
+    let exposure = Exposure {
+        exposed: Arc::default(),
+        failed: Arc::default(),
+    };
+    let (exposed, failed) = (exposure.exposed.clone(), exposure.failed.clone());
+    let (root, mountpoint, driver) = (
+        root.to_owned(),
+        config.mountpoint.clone(),
+        config.driver.clone(),
+    );
+    let view = crate::expose::view_mount_id(&mountpoint);
+    std::thread::Builder::new()
+        .name("expose".into())
+        .spawn(move || match crate::expose::expose(&root, &mountpoint, &driver) {
+            Ok(made) => {
+                let made = Arc::new(made);
+                *exposed.lock() = Some(made.clone());
+                readiness.ready();
+                match view {
+                    Some(view) => made.withdraw_when_unmounted(view),
+                    None => warn!("the view's mount is not in the mount table; its binds stay until the daemon exits"),
+                }
+            }
+            Err(e) => {
+                readiness.failed(&e.to_string());
+                tracing::error!(error = %e, "exposing the view failed; unmounting");
+                *failed.lock() = Some(e);
+                if let Err(e) = nix::mount::umount2(&mountpoint, nix::mount::MntFlags::MNT_DETACH)
+                {
+                    warn!(error = %e, "unmounting after the failed exposure failed");
+                }
+            }
+        })
+        .map_err(|source| Error::Mount {
+            path: config.mountpoint.clone(),
+            source,
+        })?;
+    Ok(exposure)
 }
 
 /// The control socket's view of the mount: the refresh engine answers for the remote, the

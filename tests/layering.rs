@@ -15,6 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &[
         "config",
         "mount",
+        "expose",
         "launch",
         "daemon",
         "local_lock",

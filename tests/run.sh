@@ -21,6 +21,12 @@ command -v fuse-overlayfs >/dev/null || missing+=(fuse-overlayfs)
 command -v sshfs >/dev/null || missing+=(sshfs)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v ssh-keygen >/dev/null || missing+=(openssh-client)
+# Container runtimes with their storage on the view (tests/runtimes.rs), and the static
+# busybox their image is built from.
+command -v podman >/dev/null || missing+=(podman)
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+command -v busybox >/dev/null || missing+=(busybox-static)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
     apt-get update -qq

@@ -45,6 +45,8 @@ pub struct MountConfig {
     pub quota_errno: nix::errno::Errno,
     /// Where Prometheus metrics are served; `None` = not served.
     pub metrics: Option<std::net::SocketAddr>,
+    /// A directory on a regular filesystem the view's layout dirs are bind-mounted into.
+    pub expose_into: Option<PathBuf>,
 }
 
 impl Default for MountConfig {
@@ -81,6 +83,7 @@ impl Default for MountConfig {
             quota_errno: nix::errno::Errno::ENOSPC,
             inotify: true,
             metrics: None,
+            expose_into: None,
         }
     }
 }
@@ -133,6 +136,9 @@ impl MountConfig {
         if is_mountpoint(&self.mountpoint) {
             return Err(Error::Busy(self.mountpoint.clone()));
         }
+        if let Some(root) = &self.expose_into {
+            self.expose_into = Some(self.check_expose_into(root)?);
+        }
         if let Err(e) = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -145,6 +151,36 @@ impl MountConfig {
             return Err(Error::NoFuse(e.to_string()));
         }
         Ok(())
+    }
+}
+
+impl MountConfig {
+    /// ROOT of `expose_into`, canonical: a directory that neither holds nor lies in one of
+    /// the mount's trees, on a filesystem that is not FUSE.
+    fn check_expose_into(&self, root: &Path) -> Result<PathBuf> {
+        const WHAT: &str = "expose-into directory";
+        let root = existing_dir(WHAT, root)?;
+        let refuse = |reason: String| Error::BadPath {
+            what: WHAT,
+            path: root.clone(),
+            reason,
+        };
+        for (what, dir) in [
+            ("the mountpoint", &self.mountpoint),
+            ("the local directory", &self.local),
+            ("the remote directory", &self.remote),
+        ] {
+            if dir.starts_with(&root) || root.starts_with(dir) {
+                return Err(refuse(format!("overlaps {what} {}", dir.display())));
+            }
+        }
+        if let Some(reason) = crate::expose::unsuitable(&root) {
+            return Err(refuse(reason));
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err(refuse("bind mounts need root".into()));
+        }
+        Ok(root)
     }
 }
 

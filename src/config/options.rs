@@ -346,6 +346,21 @@ pub const OPTIONS: &[MountOption] = &[
         },
     },
     MountOption {
+        usage: "expose_into=ROOT",
+        flag: Some("--expose-into ROOT"),
+        meaning: "bind-mount the view's `<driver>/`, `<driver>-layers/` and `<driver>-images/` \
+                  into ROOT, a directory on a regular filesystem, for runtimes that refuse a \
+                  FUSE storage root (iSulad); absolute `<driver>/<id>` links then point into \
+                  ROOT. Needs root",
+        default: "off",
+        keys: &["expose_into", "expose-into"],
+        takes_value: true,
+        apply: |c, g| {
+            c.expose_into = Some(PathBuf::from(g.value));
+            Ok(())
+        },
+    },
+    MountOption {
         usage: "default_permissions",
         flag: None,
         meaning: "accepted; always on (the kernel checks permissions)",
