@@ -26,7 +26,10 @@ command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 command -v podman >/dev/null || missing+=(podman)
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
-command -v busybox >/dev/null || missing+=(busybox-static)
+# Static, as the image has no libc: Debian's busybox-static, not busybox.
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+# A registry on 127.0.0.1 for the CRI pull through the layerfs snapshotter.
+command -v docker-registry >/dev/null || missing+=(docker-registry)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
     apt-get update -qq
@@ -39,5 +42,5 @@ if [ ! -c /dev/fuse ]; then
 fi
 
 cargo fmt --all -- --check
-cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --all-targets

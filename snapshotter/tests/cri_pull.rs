@@ -84,11 +84,18 @@ async fn cri_pull(containerd: &Containerd, reference: &str) -> String {
 /// How many of `image`'s layer blobs containerd's content store holds.
 fn fetched_layers(containerd: &Containerd, image: &Image) -> usize {
     let blobs = containerd.ctr_ok(&["-n", "k8s.io", "content", "ls", "--quiet"]);
-    assert!(blobs.lines().count() >= 2, "the manifest and config are there: {blobs}");
+    assert!(
+        blobs.lines().count() >= 2,
+        "the manifest and config are there: {blobs}"
+    );
     image
         .layers
         .iter()
-        .filter(|l| blobs.lines().any(|b| b.trim() == format!("sha256:{}", l.diff_id())))
+        .filter(|l| {
+            blobs
+                .lines()
+                .any(|b| b.trim() == format!("sha256:{}", l.diff_id()))
+        })
         .count()
 }
 
