@@ -223,3 +223,59 @@ fn an_imported_image_the_shared_tree_holds_runs_on_the_shared_layers() {
         "the remote tree was modified"
     );
 }
+
+/// Usage of a snapshot with a quota is the quota's own figures, the ones
+/// `layerfs quota get` shows; `SupportedQuota` holds inside the mount.
+#[tokio::test(flavor = "multi_thread")]
+async fn usage_of_a_limited_snapshot_is_its_quota_s_usage() {
+    use layerfs_snapshotter::api::snapshots::{PrepareSnapshotRequest, UsageRequest};
+    let view = View::new();
+    let tmp = tempdir();
+    let snapshotter = Snapshotter::start(
+        &tmp.path().join("s.sock"),
+        &view.mnt.join("snapshots"),
+        None,
+    );
+    let mut client = snapshotter.client().await;
+    let mounts = client
+        .prepare(PrepareSnapshotRequest {
+            snapshotter: "layerfs".into(),
+            key: "default/1/limited".into(),
+            parent: String::new(),
+            labels: labels(&[("containerd.io/snapshot/layerfs.storage.size", "4M")]),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .mounts;
+    let fs_dir = std::path::PathBuf::from(&mounts[0].source);
+    fs::write(fs_dir.join("data"), vec![1u8; 3 << 20]).unwrap();
+    let too_much = fs::write(fs_dir.join("more"), vec![1u8; 2 << 20]);
+    assert_eq!(too_much.unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+
+    let usage = client
+        .usage(UsageRequest {
+            snapshotter: "layerfs".into(),
+            key: "default/1/limited".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let dir = fs_dir.parent().unwrap();
+    let out = std::process::Command::new(layerfs_bin())
+        .args(["quota", "get", "--json"])
+        .arg(&view.mnt)
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", output_text(&out));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["limit"], 4 << 20);
+    assert_eq!(
+        usage.size,
+        info["used"].as_i64().unwrap(),
+        "{usage:?} {info}"
+    );
+    assert_eq!(usage.inodes, info["inodes_used"].as_i64().unwrap());
+    assert!(usage.size >= 3 << 20 && usage.size <= 4 << 20, "{usage:?}");
+}
