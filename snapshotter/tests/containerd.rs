@@ -145,6 +145,23 @@ fn an_imported_image_the_shared_tree_holds_runs_on_the_shared_layers() {
     containerd.import(&image);
     let log = snapshotter.log_text();
     assert_eq!(log.matches("dropping the local copy").count(), 2, "{log}");
+    let freed: u64 = log
+        .lines()
+        .filter(|l| l.contains("dropping the local copy"))
+        .filter_map(|l| {
+            l.split("freed_bytes=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    eprintln!("local copies dropped at commit: {freed} bytes");
+    assert!(
+        freed >= 1 << 20,
+        "busybox alone is more than a MiB: {freed}"
+    );
     let left: Vec<_> = fs::read_dir(root.join("snapshots")).unwrap().collect();
     assert!(
         left.is_empty(),
