@@ -123,7 +123,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     })?;
     notices
         .start(session.notifier())
-        .and_then(|()| crate::fs::trim::spawn(&view, session.notifier()))
+        .and_then(|()| crate::fs::trim::spawn(&view, session.notifier(), &config.mountpoint))
         .map_err(|source| Error::Mount {
             path: config.mountpoint.clone(),
             source,

@@ -1869,6 +1869,108 @@ fn more_files_than_the_daemon_may_open_are_served() {
     assert!(open < 2048);
 }
 
+/// Dropping names from the kernel's cache to stay within the open-file limit must never
+/// take a mount with it: the kernel detaches whatever is mounted on or below a name it is
+/// told to drop. A container's root mounted on a directory of the view (iSulad's
+/// `overlay/<cid>/merged`), a mount deeper down, and a file bind-mounted onto a file of the
+/// view all stay mounted through a walk that makes the daemon trim, and trimming still
+/// keeps the daemon's descriptors within its limit.
+#[test]
+fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let (remote, local, mnt) = (
+        dir.path().join("remote"),
+        dir.path().join("local"),
+        dir.path().join("mnt"),
+    );
+    copy_tree(&repo().join("fixtures/remote"), &remote);
+    fs::create_dir(&local).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    let m = RawMount::start_limited(&remote, &local, &mnt, &["-o", "allow_other"], Some(512));
+    let _w = Watchdog::new(m.pid(), 300);
+    let merged = mnt.join("overlay/c1/merged");
+    let deep = mnt.join("deep/a/b");
+    let file = mnt.join("binds/resolv.conf");
+    fs::create_dir_all(&merged).unwrap();
+    fs::create_dir_all(&deep).unwrap();
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(&file, "the view's own\n").unwrap();
+    let source = dir.path().join("bound");
+    fs::write(&source, "bound over it\n").unwrap();
+    let mounted = Mounted::new();
+    mounted.tmpfs(&merged);
+    mounted.tmpfs(&deep);
+    mounted.bind(&source, &file);
+    fs::write(merged.join("f"), "in the container\n").unwrap();
+    fs::write(deep.join("f"), "deep\n").unwrap();
+
+    // Directories and files alike, well past 40 % of 512 nodes.
+    for i in 0..1500 {
+        let d = mnt.join(format!("walk/d{}/e{i}", i % 8));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("f"), i.to_string()).unwrap();
+    }
+    for i in 0..1500 {
+        let d = mnt.join(format!("walk/d{}/e{i}", i % 8));
+        fs::symlink_metadata(d.join("f")).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for point in [&merged, &deep, &file] {
+        assert!(is_mounted(point), "{} was detached", point.display());
+    }
+    assert_eq!(
+        fs::read_to_string(merged.join("f")).unwrap(),
+        "in the container\n"
+    );
+    assert_eq!(fs::read_to_string(deep.join("f")).unwrap(), "deep\n");
+    assert_eq!(fs::read_to_string(&file).unwrap(), "bound over it\n");
+    let open = fs::read_dir(format!("/proc/{}/fd", m.pid()))
+        .unwrap()
+        .count();
+    assert!(
+        open < 512,
+        "the daemon holds {open} descriptors with a limit of 512"
+    );
+}
+
+/// Mounts a test made, detached (lazily, innermost first) when it ends.
+struct Mounted(std::sync::Mutex<Vec<PathBuf>>);
+
+impl Mounted {
+    fn new() -> Mounted {
+        Mounted(std::sync::Mutex::new(Vec::new()))
+    }
+
+    fn tmpfs(&self, at: &Path) {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount tmpfs on {}", at.display());
+        self.0.lock().unwrap().push(at.to_owned());
+    }
+
+    fn bind(&self, from: &Path, at: &Path) {
+        let ok = Command::new("mount")
+            .arg("--bind")
+            .arg(from)
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "bind {} on {}", from.display(), at.display());
+        self.0.lock().unwrap().push(at.to_owned());
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        for at in self.0.lock().unwrap().iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(at).status();
+        }
+    }
+}
+
 // ---- Allocating as the caller ----------------------------------------------------------------
 
 /// How many bytes `who` (a shell run as nobody, or as root) can write to a new file `name`

@@ -7,20 +7,31 @@
 //! nodes handed out longest ago are dropped from the kernel's cache (`inval_entry`); a FUSE
 //! inode nothing uses is evicted at once, so the kernel forgets those nodes and their
 //! handles close. A name is looked up again, at the cost of one round trip, when next used.
+//!
+//! The kernel detaches every mount on or below a name it is told to drop, so the names of
+//! mountpoints in the view and of the directories above them are never dropped: a
+//! container's root mounted on `overlay/<cid>/merged` must outlive any walk. The mounts are
+//! read from this process's mount table each round; a mount only another mount namespace
+//! sees is not known here.
 
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use fuser::{INodeNo, Notifier};
 use tracing::debug;
 
+use crate::store::mountinfo;
 use crate::view::View;
 
 /// How often the table is measured when it does not call.
 const EVERY: Duration = Duration::from_secs(1);
 
-/// Starts watching the inode table of `view` for as long as the view lives.
-pub fn spawn(view: &Arc<View>, notifier: Notifier) -> std::io::Result<()> {
+/// Starts watching the inode table of `view`, mounted at `mountpoint`, for as long as the
+/// view lives.
+pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io::Result<()> {
+    let mountpoint = mountinfo::resolve_mountpoint(mountpoint);
     let limit = open_file_limit();
     // Nodes, not descriptors: a merged directory holds two, open files hold one more each,
     // and the rest of the limit is headroom for lookups while the kernel forgets.
@@ -37,7 +48,8 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier) -> std::io::Result<()> {
             };
             let live = view.inodes.len();
             if live > high {
-                let names = view.least_used_names(live - low);
+                let pinned = pinned(&mountinfo::current(), &mountpoint);
+                let names = view.least_used_names(live - low, &pinned);
                 debug!(
                     live,
                     names = names.len(),
@@ -51,7 +63,57 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier) -> std::io::Result<()> {
         .map(drop)
 }
 
+/// The paths, relative to the view's root, of everything mounted below `mountpoint` and of
+/// every directory above those mounts.
+fn pinned(mounts: &[mountinfo::Mount], mountpoint: &Path) -> HashSet<PathBuf> {
+    let mut pinned = HashSet::new();
+    for mount in mounts {
+        let Ok(below) = mount.point.strip_prefix(mountpoint) else {
+            continue;
+        };
+        let mut path = PathBuf::new();
+        for part in below.components() {
+            path.push(part);
+            pinned.insert(path.clone());
+        }
+    }
+    pinned
+}
+
 fn open_file_limit() -> usize {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(1024, |(soft, _)| soft as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mounts_below_the_view_pin_their_paths_and_the_ones_above() {
+        let info = "\
+22 1 8:1 / / rw - ext4 /dev/sda1 rw
+40 22 0:50 / /v rw - fuse.layerfs r rw
+41 40 0:51 / /v/overlay/c1/merged rw - overlay overlay rw
+42 40 0:52 / /v/binds/resolv.conf rw - tmpfs t rw
+43 22 0:53 / /v2/x rw - tmpfs t rw
+";
+        let mounts: Vec<_> = mountinfo::parse(info).collect();
+        let pinned = pinned(&mounts, Path::new("/v"));
+        let mut got: Vec<_> = pinned
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "binds",
+                "binds/resolv.conf",
+                "overlay",
+                "overlay/c1",
+                "overlay/c1/merged"
+            ]
+        );
+    }
 }

@@ -47,9 +47,11 @@ pub mod refresh;
 pub mod route;
 pub mod zone;
 
+use std::collections::HashSet;
 use std::ffi::{CStr, OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -573,19 +575,54 @@ impl View {
     /// their handles close (see `fs::trim`).
     /// Files go first: a directory's number is handed out once and its name then stays
     /// hot in the kernel's cache without a lookup.
-    pub fn least_used_names(&self, count: usize) -> Vec<(u64, OsString)> {
+    /// A node whose path from the root is in `pinned` keeps its names: the kernel detaches
+    /// whatever is mounted on or below a name it is told to drop.
+    pub fn least_used_names(
+        &self,
+        count: usize,
+        pinned: &HashSet<PathBuf>,
+    ) -> Vec<(u64, OsString)> {
         let mut nodes = self.inodes.least_recent(count, false);
         if nodes.len() < count {
             nodes.extend(self.inodes.least_recent(count - nodes.len(), true));
         }
         let mut names = Vec::new();
         for node in nodes {
-            let state = node.state();
-            if state.open_files == 0 {
-                names.extend(state.aliases.iter().map(|(p, name)| (p.ino, name.clone())));
+            let aliases = {
+                let state = node.state();
+                if state.open_files > 0 {
+                    continue;
+                }
+                state.aliases.clone()
+            };
+            for (parent, name) in aliases {
+                let under_a_mount = !pinned.is_empty()
+                    && self
+                        .path_of(&parent)
+                        .is_none_or(|dir| pinned.contains(&dir.join(&name)));
+                if !under_a_mount {
+                    names.push((parent.ino, name));
+                }
             }
         }
         names
+    }
+
+    /// The path of `node` from the root of the view, by first names; `None` when some node
+    /// on the way has no name left (the kernel is forgetting it) or the way is deeper than
+    /// any path can be.
+    pub fn path_of(&self, node: &Arc<Node>) -> Option<PathBuf> {
+        let mut names = Vec::new();
+        let mut at = node.clone();
+        while at.ino != ROOT_INO {
+            if names.len() > libc::PATH_MAX as usize / 2 {
+                return None;
+            }
+            let (parent, name) = at.state().aliases.first().cloned()?;
+            names.push(name);
+            at = parent;
+        }
+        Some(names.iter().rev().collect())
     }
 
     /// Opens a node's object as it is now (after a copy-up: the copy) with `flags`.
