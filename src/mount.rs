@@ -117,12 +117,13 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     })?;
     let notices = fs.notices();
 
-    let (session, mut unmounter) = open_session(fs, config).map_err(|source| Error::Mount {
-        path: config.mountpoint.clone(),
-        source,
-    })?;
+    let (session, mut unmounter, device) =
+        open_session(fs, config).map_err(|source| Error::Mount {
+            path: config.mountpoint.clone(),
+            source,
+        })?;
     notices
-        .start(session.notifier())
+        .start(session.notifier(), device)
         .and_then(|()| crate::fs::trim::spawn(&view, session.notifier(), &config.mountpoint))
         .map_err(|source| Error::Mount {
             path: config.mountpoint.clone(),
@@ -433,16 +434,17 @@ impl Unmounter {
     }
 }
 
-/// Mounts and opens the FUSE session: ourselves as root, through fuser otherwise.
+/// Mounts and opens the FUSE session: ourselves as root, through fuser otherwise. Our own
+/// mount also gives a second descriptor of the device, for the notices fuser cannot send.
 fn open_session(
     fs: LayerFs,
     config: &MountConfig,
-) -> std::io::Result<(Session<LayerFs>, Unmounter)> {
+) -> std::io::Result<(Session<LayerFs>, Unmounter, Option<std::os::fd::OwnedFd>)> {
     let fuse = fuse_config(config);
     if !nix::unistd::geteuid().is_root() {
         let mut session = Session::new(fs, &config.mountpoint, &fuse)?;
         let unmounter = Unmounter::Fuser(session.unmount_callable());
-        return Ok((session, unmounter));
+        return Ok((session, unmounter, None));
     }
     let fsname = config
         .fsname
@@ -459,8 +461,9 @@ fn open_session(
     let (device, mount) = kernel_mount::mount(&spec)
         .map_err(|e| std::io::Error::other(format!("mount(2) of fuse.layerfs: {e}")))?;
     let acl = fuse.acl;
+    let notices = device.try_clone().ok();
     match Session::from_fd(fs, device, acl, fuse) {
-        Ok(session) => Ok((session, Unmounter::Ours(mount))),
+        Ok(session) => Ok((session, Unmounter::Ours(mount), notices)),
         Err(e) => {
             let _ = mount.unmount();
             Err(e)

@@ -5,6 +5,7 @@ mod common;
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -212,4 +213,51 @@ fn overlayfs_with_upper_dir_inside_the_view() {
     assert!(fs::metadata(m.local.join("overlay").join(cid).join("work"))
         .unwrap()
         .is_dir());
+}
+
+/// `cp -a` gives a new directory its mode through its access ACL (a setxattr of
+/// `system.posix_acl_access` after a `mkdir` with mode 0700). The kernel only marks the
+/// attributes of a FUSE inode stale then, and overlayfs stacked at once on that directory
+/// copied the stale 0700 into its own inode: everyone but root was refused a layer a
+/// runtime had just copied in.
+#[test]
+fn a_mode_set_through_an_acl_is_what_overlayfs_stacked_at_once_sees() {
+    let m = Mount::new();
+    let scratch = tempfile::tempdir().unwrap();
+    let src = scratch.path().join("layer");
+    fs::create_dir_all(src.join("etc/conf.d")).unwrap();
+    fs::write(src.join("etc/conf.d/f"), "readable\n").unwrap();
+    for dir in ["", "etc", "etc/conf.d"] {
+        fs::set_permissions(src.join(dir), fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::set_permissions(src.join("etc/conf.d/f"), fs::Permissions::from_mode(0o644)).unwrap();
+    let copied = m.path("copied-layer");
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(&copied)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let (upper, work, merged) = (
+        scratch.path().join("upper"),
+        scratch.path().join("work"),
+        scratch.path().join("merged"),
+    );
+    for dir in [&upper, &work, &merged] {
+        fs::create_dir(dir).unwrap();
+    }
+    fs::set_permissions(scratch.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let _ov = Overlay::mount(&[copied], &upper, &work, &merged).unwrap();
+    let (ok, out) = sh_as_nobody(&format!(
+        "ls '{0}/etc/conf.d' && cat '{0}/etc/conf.d/f'",
+        merged.display()
+    ));
+    assert!(ok, "a caller other than root: {out}");
+    assert_eq!(out, "f\nreadable\n");
 }

@@ -5,21 +5,39 @@
 //! a thread of their own. Dropping an inode's attributes (`inval_inode` with a negative
 //! offset) takes no lock, neither the inode's nor its pages', and is sent at once, before
 //! the reply: no attribute cached before it can be used after the request.
+//!
+//! Dropping a name also detaches whatever is mounted on or below it. Where only the
+//! attributes behind a name must be fetched again, the name is *expired* instead
+//! (`FUSE_EXPIRE_ONLY`): it stays, mounts and all, and its next use looks it up. fuser
+//! cannot send that flag, so the notice is written to the session's device directly (a
+//! second descriptor of it, which a mount made by layerfs itself has; without one, or on a
+//! kernel without the flag, nothing is sent).
 
 use std::ffi::OsString;
 use std::io;
-use std::sync::OnceLock;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crossbeam_channel::{Receiver, Sender};
 use fuser::{INodeNo, Notifier};
 use parking_lot::Mutex;
 use tracing::debug;
 
+/// What is done to a name.
+enum Name {
+    Drop(u64, OsString),
+    Expire(u64, OsString),
+}
+
 pub struct Notices {
     kernel: OnceLock<Notifier>,
-    names: Sender<(u64, OsString)>,
+    names: Sender<Name>,
     /// The queue's other end, until [`Notices::start`] hands it to its thread.
-    pending: Mutex<Option<Receiver<(u64, OsString)>>>,
+    pending: Mutex<Option<Receiver<Name>>>,
+    /// The kernel offered `FUSE_HAS_EXPIRE_ONLY` at init (which may come after `start`).
+    expire_only: Arc<AtomicBool>,
 }
 
 impl Default for Notices {
@@ -29,34 +47,62 @@ impl Default for Notices {
             kernel: OnceLock::new(),
             names,
             pending: Mutex::new(Some(pending)),
+            expire_only: Arc::default(),
         }
     }
 }
 
 impl Notices {
     /// Starts sending, once the session exists. Until then notices are dropped or queued:
-    /// before the session the kernel caches nothing.
-    pub fn start(&self, notifier: Notifier) -> io::Result<()> {
+    /// before the session the kernel caches nothing. `device` is a second descriptor of the
+    /// session's `/dev/fuse`, for the notices fuser cannot send.
+    pub fn start(&self, notifier: Notifier, device: Option<OwnedFd>) -> io::Result<()> {
         let Some(queue) = self.pending.lock().take() else {
             return Ok(());
         };
         let _ = self.kernel.set(notifier.clone());
+        let expire_only = self.expire_only.clone();
         std::thread::Builder::new()
             .name("notices".into())
             .spawn(move || {
                 // Ends when the filesystem, and with it the sending side, goes away.
-                for (parent, name) in queue {
-                    if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
-                        debug!(error = %e, parent, name = ?name, "dropping a cached name failed");
+                for notice in queue {
+                    let (what, parent, name, sent) = match notice {
+                        Name::Drop(parent, name) => {
+                            let sent = notifier.inval_entry(INodeNo(parent), &name);
+                            ("dropping", parent, name, sent)
+                        }
+                        Name::Expire(parent, name) => {
+                            let Some(device) = &device else { continue };
+                            if !expire_only.load(Ordering::Relaxed) {
+                                continue;
+                            }
+                            let sent = expire_entry(device, parent, &name);
+                            ("expiring", parent, name, sent)
+                        }
+                    };
+                    if let Err(e) = sent {
+                        debug!(error = %e, parent, name = ?name, "{what} a cached name failed");
                     }
                 }
             })
             .map(drop)
     }
 
-    /// Makes the kernel look `name` of `parent` up again.
+    /// Whether the kernel can expire names without dropping them (asked at init).
+    pub fn set_expire_only(&self, offered: bool) {
+        self.expire_only.store(offered, Ordering::Relaxed);
+    }
+
+    /// Makes the kernel look `name` of `parent` up again, detaching what is mounted there.
     pub fn drop_name(&self, parent: u64, name: OsString) {
-        let _ = self.names.send((parent, name));
+        let _ = self.names.send(Name::Drop(parent, name));
+    }
+
+    /// Makes the kernel look `name` of `parent` up again at its next use, keeping the
+    /// name and whatever is mounted on it.
+    pub fn expire_name(&self, parent: u64, name: OsString) {
+        let _ = self.names.send(Name::Expire(parent, name));
     }
 
     /// Makes the kernel ask for the attributes of `ino` again.
@@ -67,4 +113,31 @@ impl Notices {
             }
         }
     }
+}
+
+/// `FUSE_NOTIFY_INVAL_ENTRY`, as the error field of a notice's header carries it.
+const NOTIFY_INVAL_ENTRY: i32 = 3;
+/// `fuse_notify_inval_entry_out.flags`: expire the name, do not drop it.
+const EXPIRE_ONLY: u32 = 1;
+
+/// Writes one `FUSE_NOTIFY_INVAL_ENTRY` notice with `FUSE_EXPIRE_ONLY` to the device: the
+/// header (length, notice code, unique 0), the parent and the name's length and flags, then
+/// the name and its NUL, in one write as the kernel requires.
+fn expire_entry(device: &OwnedFd, parent: u64, name: &std::ffi::OsStr) -> io::Result<()> {
+    let name = name.as_bytes();
+    let len = 16 + 16 + name.len() + 1;
+    let mut notice = Vec::with_capacity(len);
+    notice.extend_from_slice(&(len as u32).to_ne_bytes());
+    notice.extend_from_slice(&NOTIFY_INVAL_ENTRY.to_ne_bytes());
+    notice.extend_from_slice(&0u64.to_ne_bytes());
+    notice.extend_from_slice(&parent.to_ne_bytes());
+    notice.extend_from_slice(&(name.len() as u32).to_ne_bytes());
+    notice.extend_from_slice(&EXPIRE_ONLY.to_ne_bytes());
+    notice.extend_from_slice(name);
+    notice.push(0);
+    let written = nix::unistd::write(device.as_fd(), &notice)?;
+    if written != len {
+        return Err(io::Error::other("a short write of a notice"));
+    }
+    Ok(())
 }

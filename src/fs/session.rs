@@ -32,6 +32,9 @@ impl Core {
                 let _ = config.add_capabilities(flag);
             }
         }
+        // Offered, not asked for: the kernel takes expire-only notices when it has them.
+        self.notices
+            .set_expire_only(offered.contains(InitFlags::FUSE_HAS_EXPIRE_ONLY));
         if self.want_passthrough && offered.contains(InitFlags::FUSE_PASSTHROUGH) {
             // Depth 1 leaves room for overlayfs on top of the view (the container rootfs
             // iSulad mounts from `<driver>/l/` links).

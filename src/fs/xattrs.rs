@@ -17,6 +17,7 @@ impl Core {
             reply,
             self.view.setxattr(&node, name, value, flags, caller(req))
         );
+        self.mode_may_have_changed(&node, name);
         reply.ok();
     }
 
@@ -35,7 +36,20 @@ impl Core {
     pub(super) fn removexattr(&self, req: Who, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let node = tri!(reply, self.view.node(ino.0));
         tri!(reply, self.view.removexattr(&node, name, caller(req)));
+        self.mode_may_have_changed(&node, name);
         reply.ok();
+    }
+
+    /// Setting an access ACL sets the mode too, where the kernel cannot see it: it only
+    /// marks the inode's attributes stale, and overlayfs stacked on the view copies the
+    /// stale mode into its own inode at its next lookup, refusing callers the new mode lets
+    /// in. Expiring the node's names makes that lookup fetch the attributes again.
+    fn mode_may_have_changed(&self, node: &Arc<Node>, name: &OsStr) {
+        if std::os::unix::ffi::OsStrExt::as_bytes(name) == b"system.posix_acl_access" {
+            for (parent, name) in self.view.names_of(node) {
+                self.notices.expire_name(parent, name);
+            }
+        }
     }
 }
 

@@ -608,6 +608,16 @@ impl View {
         names
     }
 
+    /// The names the kernel knows `node` by, as (parent, name).
+    pub fn names_of(&self, node: &Node) -> Vec<(u64, OsString)> {
+        let state = node.state();
+        state
+            .aliases
+            .iter()
+            .map(|(p, name)| (p.ino, name.clone()))
+            .collect()
+    }
+
     /// The path of `node` from the root of the view, by first names; `None` when some node
     /// on the way has no name left (the kernel is forgetting it) or the way is deeper than
     /// any path can be.
