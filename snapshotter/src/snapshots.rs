@@ -2,8 +2,10 @@
 //! local directories under `<root>/snapshots/`, and the shared layers of the view.
 //!
 //! **Locks.** `writer` serialises every change (like the single write transaction of
-//! containerd's own snapshotters): it is held while a change's directories are made or
-//! removed and the table is written, and no reader ever waits for it. `state` holds the
+//! containerd's own snapshotters): it is held while a change's directories are made and
+//! the table is written, and no reader ever waits for it. The long filesystem work runs
+//! outside it: a commit measures its snapshot before taking it, and a removal removes the
+//! directory after the table no longer names it. `state` holds the
 //! current table behind an `Arc`; it is taken only to clone that `Arc` or to swap in a new
 //! one, never across a filesystem call. Order: `writer`, then `state`. The shared tree is
 //! looked at before `writer` is taken, so a stalled remote holds up only the request that
@@ -290,7 +292,17 @@ impl Snapshots {
             (Some(shared), Some(chain)) => shared.find(chain),
             _ => None,
         };
-        let _writer = self.writer.lock();
+        // Measured before the lock: a walk of a big layer must not hold up other changes.
+        // containerd writes nothing into a snapshot it is committing.
+        let measured = {
+            let active = self.current().get(key)?.clone();
+            let dir = self.dirs.dir(active.id);
+            (
+                active.id,
+                quota::usage(&self.root, &dir, active.quota.is_some())?,
+            )
+        };
+        let writer = self.writer.lock();
         let mut meta = (*self.current()).clone();
         let active = meta.get(key)?.clone();
         if active.kind != Kind::Active {
@@ -302,7 +314,11 @@ impl Snapshots {
             return Err(Error::AlreadyExists(format!("snapshot {name}")));
         }
         let dir = self.dirs.dir(active.id);
-        let usage = quota::usage(&self.root, &dir, active.quota.is_some())?;
+        let usage = match measured {
+            (id, usage) if id == active.id => usage,
+            // Removed and prepared again meanwhile: measure what is there now.
+            _ => quota::usage(&self.root, &dir, active.quota.is_some())?,
+        };
         let parent_chain = match &active.parent {
             Some(p) => meta.get(p)?.chain.clone(),
             None => None,
@@ -325,6 +341,8 @@ impl Snapshots {
         meta.snapshots.remove(key);
         meta.snapshots.insert(name.to_owned(), record);
         self.publish(meta)?;
+        // No record owns the directory now: it is removed without holding up others.
+        drop(writer);
         if let Some(layer) = dedupe {
             tracing::info!(
                 name,
@@ -340,7 +358,7 @@ impl Snapshots {
     /// Removes the snapshot `key`, which no other snapshot may have as its parent. A shared
     /// layer's files are never touched.
     pub fn remove(&self, key: &str) -> Result<(), Error> {
-        let _writer = self.writer.lock();
+        let writer = self.writer.lock();
         let mut meta = (*self.current()).clone();
         let record = meta.get(key)?.clone();
         if meta.has_children(key) {
@@ -350,6 +368,7 @@ impl Snapshots {
         }
         meta.snapshots.remove(key);
         self.publish(meta)?;
+        drop(writer);
         if record.backing == Backing::Local {
             self.discard(&self.dirs.dir(record.id));
         }

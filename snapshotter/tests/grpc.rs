@@ -584,3 +584,70 @@ async fn a_shared_layer_gone_from_the_view_is_named_when_mounting() {
     remove(&mut c, "ns/2/ctr").await.unwrap();
     remove(&mut c, &name).await.unwrap();
 }
+
+/// Many clients at once, each making, committing, stacking on and removing its own
+/// snapshots, with Cleanup and List running beside them: every call answers as if alone,
+/// and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_clients_leave_a_consistent_table() {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    let s = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let c = s.client().await;
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let mut c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25 {
+                let key = format!("ns/{t}-{i}/extract");
+                let name = format!("ns/{t}-{i}/layer");
+                let child = format!("ns/{t}-{i}/ctr");
+                let m = prepare(&mut c, &key, "", HashMap::new()).await.unwrap();
+                fs::write(Path::new(&m[0].source).join("f"), format!("{t}-{i}")).unwrap();
+                commit(&mut c, &name, &key).await.unwrap();
+                let m = prepare(&mut c, &child, &name, HashMap::new())
+                    .await
+                    .unwrap();
+                let lower = m[0]
+                    .options
+                    .iter()
+                    .find_map(|o| o.strip_prefix("lowerdir="))
+                    .unwrap();
+                assert_eq!(
+                    fs::read_to_string(Path::new(lower).join("f")).unwrap(),
+                    format!("{t}-{i}")
+                );
+                assert_eq!(code(remove(&mut c, &name).await), Code::FailedPrecondition);
+                remove(&mut c, &child).await.unwrap();
+                remove(&mut c, &name).await.unwrap();
+            }
+        }));
+    }
+    let mut side = c.clone();
+    let watcher = tokio::spawn(async move {
+        for _ in 0..50 {
+            side.cleanup(CleanupRequest {
+                snapshotter: "layerfs".into(),
+            })
+            .await
+            .unwrap();
+            let _ = list(&mut side, &[]).await;
+        }
+    });
+    for t in tasks {
+        t.await.unwrap();
+    }
+    watcher.await.unwrap();
+    let mut c = c;
+    assert!(list(&mut c, &[]).await.is_empty());
+    c.cleanup(CleanupRequest {
+        snapshotter: "layerfs".into(),
+    })
+    .await
+    .unwrap();
+    assert!(
+        snapshot_dirs(&root).is_empty(),
+        "{:?}",
+        snapshot_dirs(&root)
+    );
+}
