@@ -1872,8 +1872,8 @@ fn more_files_than_the_daemon_may_open_are_served() {
 /// Dropping names from the kernel's cache to stay within the open-file limit must never
 /// take a mount with it: the kernel detaches whatever is mounted on or below a name it is
 /// told to drop. A container's root mounted on a directory of the view (iSulad's
-/// `overlay/<cid>/merged`), a mount deeper down, and a file bind-mounted onto a file of the
-/// view all stay mounted through a walk that makes the daemon trim, and trimming still
+/// `overlay/<cid>/merged`, directly or through `--expose-into`'s bind), a mount deeper
+/// down, and a file bind-mounted onto a file of the view all stay mounted through a walk that makes the daemon trim, and trimming still
 /// keeps the daemon's descriptors within its limit.
 #[test]
 fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
@@ -1886,9 +1886,24 @@ fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
     copy_tree(&repo().join("fixtures/remote"), &remote);
     fs::create_dir(&local).unwrap();
     fs::create_dir(&mnt).unwrap();
-    let m = RawMount::start_limited(&remote, &local, &mnt, &["-o", "allow_other"], Some(512));
+    // The view is also bound into a storage root, as for iSulad; a container's root mounted
+    // through that bind stands on the view just the same.
+    let storage = dir.path().join("storage");
+    fs::create_dir(&storage).unwrap();
+    let args = [
+        "-o",
+        "allow_other",
+        "--expose-into",
+        storage.to_str().unwrap(),
+    ];
+    let m = RawMount::start_limited(&remote, &local, &mnt, &args, Some(512));
     let _w = Watchdog::new(m.pid(), 300);
     let merged = mnt.join("overlay/c1/merged");
+    let through_bind = storage.join("overlay/c2/merged");
+    eventually(20, "the binds into the storage root", || {
+        is_mounted(&storage.join("overlay"))
+    });
+    fs::create_dir_all(&through_bind).unwrap();
     let deep = mnt.join("deep/a/b");
     let file = mnt.join("binds/resolv.conf");
     fs::create_dir_all(&merged).unwrap();
@@ -1901,6 +1916,8 @@ fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
     mounted.tmpfs(&merged);
     mounted.tmpfs(&deep);
     mounted.bind(&source, &file);
+    mounted.tmpfs(&through_bind);
+    fs::write(through_bind.join("f"), "through the bind\n").unwrap();
     fs::write(merged.join("f"), "in the container\n").unwrap();
     fs::write(deep.join("f"), "deep\n").unwrap();
 
@@ -1915,7 +1932,7 @@ fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
         fs::symlink_metadata(d.join("f")).unwrap();
     }
     std::thread::sleep(Duration::from_secs(2));
-    for point in [&merged, &deep, &file] {
+    for point in [&merged, &deep, &file, &through_bind] {
         assert!(is_mounted(point), "{} was detached", point.display());
     }
     assert_eq!(
@@ -1924,6 +1941,10 @@ fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
     );
     assert_eq!(fs::read_to_string(deep.join("f")).unwrap(), "deep\n");
     assert_eq!(fs::read_to_string(&file).unwrap(), "bound over it\n");
+    assert_eq!(
+        fs::read_to_string(through_bind.join("f")).unwrap(),
+        "through the bind\n"
+    );
     let open = fs::read_dir(format!("/proc/{}/fd", m.pid()))
         .unwrap()
         .count();

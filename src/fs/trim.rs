@@ -22,6 +22,7 @@ use std::time::Duration;
 use fuser::{INodeNo, Notifier};
 use tracing::debug;
 
+use crate::fs::kernel_mount::FSTYPE;
 use crate::store::mountinfo;
 use crate::view::View;
 
@@ -63,18 +64,41 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
         .map(drop)
 }
 
-/// The paths, relative to the view's root, of everything mounted below `mountpoint` and of
-/// every directory above those mounts.
+/// The paths, relative to the view's root, of everything mounted on the view and of every
+/// directory above those mounts. The view is reached at `mountpoint` and through any bind
+/// of it (`--expose-into`, a runtime's own): a mount below a bind stands on the view too.
 fn pinned(mounts: &[mountinfo::Mount], mountpoint: &Path) -> HashSet<PathBuf> {
     let mut pinned = HashSet::new();
+    let Some(view) = mounts
+        .iter()
+        .rfind(|m| m.point == mountpoint && m.fstype == FSTYPE)
+    else {
+        return pinned;
+    };
+    // Where each mount of the view's filesystem shows which of its directories.
+    let binds: Vec<(&Path, &Path)> = mounts
+        .iter()
+        .filter(|m| m.device == view.device && m.fstype == FSTYPE)
+        .map(|m| {
+            (
+                m.point.as_path(),
+                m.root.strip_prefix("/").unwrap_or(&m.root),
+            )
+        })
+        .collect();
     for mount in mounts {
-        let Ok(below) = mount.point.strip_prefix(mountpoint) else {
-            continue;
-        };
-        let mut path = PathBuf::new();
-        for part in below.components() {
-            path.push(part);
-            pinned.insert(path.clone());
+        for (point, shows) in &binds {
+            let Ok(below) = mount.point.strip_prefix(point) else {
+                continue;
+            };
+            if below.as_os_str().is_empty() {
+                continue;
+            }
+            let mut path = PathBuf::new();
+            for part in shows.join(below).components() {
+                path.push(part);
+                pinned.insert(path.clone());
+            }
         }
     }
     pinned
@@ -90,13 +114,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mounts_below_the_view_pin_their_paths_and_the_ones_above() {
+    fn mounts_on_the_view_pin_their_paths_and_the_ones_above() {
         let info = "\
 22 1 8:1 / / rw - ext4 /dev/sda1 rw
 40 22 0:50 / /v rw - fuse.layerfs r rw
 41 40 0:51 / /v/overlay/c1/merged rw - overlay overlay rw
 42 40 0:52 / /v/binds/resolv.conf rw - tmpfs t rw
 43 22 0:53 / /v2/x rw - tmpfs t rw
+44 22 0:50 /overlay /srv/storage/overlay rw - fuse.layerfs r rw
+45 44 0:54 / /srv/storage/overlay/c2/merged rw - overlay overlay rw
+46 22 0:60 / /other rw - fuse.layerfs r2 rw
+47 46 0:61 / /other/x rw - tmpfs t rw
 ";
         let mounts: Vec<_> = mountinfo::parse(info).collect();
         let pinned = pinned(&mounts, Path::new("/v"));
@@ -112,8 +140,18 @@ mod tests {
                 "binds/resolv.conf",
                 "overlay",
                 "overlay/c1",
-                "overlay/c1/merged"
+                "overlay/c1/merged",
+                "overlay/c2",
+                "overlay/c2/merged"
             ]
         );
+        assert!(super::pinned(&mounts, Path::new("/nothing")).is_empty());
+        // Through a bind alone, the directories above the mount are pinned too.
+        let through_bind: Vec<_> = mounts
+            .into_iter()
+            .filter(|m| m.point != Path::new("/v/overlay/c1/merged"))
+            .collect();
+        let pinned = super::pinned(&through_bind, Path::new("/v"));
+        assert!(pinned.contains(Path::new("overlay")) && pinned.contains(Path::new("overlay/c2")));
     }
 }

@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 /// One mount, as a line of mountinfo describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
+    /// The filesystem's device, `major:minor`: the same for every bind of one filesystem.
+    pub device: String,
+    /// The directory of the filesystem mounted there (`/` unless it is a bind of a part).
+    pub root: PathBuf,
     pub point: PathBuf,
     pub fstype: String,
     pub source: String,
@@ -15,11 +19,14 @@ pub struct Mount {
 pub fn parse(info: &str) -> impl Iterator<Item = Mount> + '_ {
     info.lines().filter_map(|line| {
         let (before, after) = line.split_once(" - ")?;
-        let point = before.split(' ').nth(4)?;
+        let mut before = before.split(' ').skip(2);
+        let (device, root, point) = (before.next()?, before.next()?, before.next()?);
         let mut after = after.split(' ');
         let fstype = after.next()?;
         let source = after.next()?;
         Some(Mount {
+            device: device.to_owned(),
+            root: PathBuf::from(unescape(root)),
             point: PathBuf::from(unescape(point)),
             fstype: fstype.to_owned(),
             source: unescape(source),
