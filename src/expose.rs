@@ -19,8 +19,8 @@ use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
 use parking_lot::Mutex;
 
-use crate::fs::kernel_mount::FSTYPE;
-use crate::store::mountinfo::unescape;
+use crate::fs::kernel_mount::{self, FSTYPE};
+use crate::store::mountinfo::{self, Mount};
 
 /// `statfs().f_type` of a FUSE filesystem.
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -80,69 +80,9 @@ pub fn unsuitable(root: &Path) -> Option<String> {
     }
 }
 
-/// One line of `/proc/self/mountinfo`, the fields this module needs.
-#[derive(Debug, Clone)]
-struct Line {
-    id: u64,
-    /// `major:minor`: the same for every mount of one superblock.
-    dev: String,
-    /// The path inside the filesystem the mount shows (`/overlay` for a bind of that dir).
-    root: String,
-    point: PathBuf,
-    fstype: String,
-    source: String,
-}
-
-fn mount_table() -> Vec<Line> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let (before, after) = line.split_once(" - ")?;
-            let mut f = before.split(' ');
-            let id = f.next()?.parse().ok()?;
-            let _parent = f.next()?;
-            let dev = f.next()?.to_owned();
-            let root = unescape(f.next()?);
-            let point = PathBuf::from(unescape(f.next()?));
-            let mut a = after.split(' ');
-            Some(Line {
-                id,
-                dev,
-                root,
-                point,
-                fstype: a.next()?.to_owned(),
-                source: unescape(a.next()?),
-            })
-        })
-        .collect()
-}
-
 /// The mount on top at `point`.
-fn top_at(table: &[Line], point: &Path) -> Option<Line> {
+fn top_at(table: &[Mount], point: &Path) -> Option<Mount> {
     table.iter().rfind(|m| m.point == point).cloned()
-}
-
-/// `stat` that reaches the filesystem (cached attributes hide a dead connection).
-fn answers(path: &Path) -> Result<(), Errno> {
-    use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
-    // SAFETY: zeroed plain data, written by the kernel.
-    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a buffer that live across the call.
-    let rc = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            c_path.as_ptr(),
-            libc::AT_STATX_FORCE_SYNC,
-            libc::STATX_BASIC_STATS,
-            &mut buf,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(Errno::last())
-    }
 }
 
 /// Removes what stands at `target` from earlier mounts of `mountpoint` or from daemons that
@@ -150,7 +90,7 @@ fn answers(path: &Path) -> Result<(), Errno> {
 /// mount, or any other filesystem, is left alone and refused.
 fn clear_stale(target: &Path, mountpoint: &Path) -> Result<(), ExposeError> {
     for _ in 0..MAX_STACKED {
-        let table = mount_table();
+        let table = mountinfo::current();
         let Some(top) = top_at(&table, target) else {
             return Ok(());
         };
@@ -161,11 +101,14 @@ fn clear_stale(target: &Path, mountpoint: &Path) -> Result<(), ExposeError> {
                 source_name: top.source,
             });
         }
-        let dead = matches!(answers(target), Err(Errno::ENOTCONN | Errno::ECONNABORTED));
+        let dead = matches!(
+            kernel_mount::ask_root(target),
+            Err(Errno::ENOTCONN | Errno::ECONNABORTED)
+        );
         // The view it shows, if that is still mounted somewhere.
         let main = table
             .iter()
-            .find(|m| m.dev == top.dev && m.root == "/" && m.fstype == FSTYPE);
+            .find(|m| m.device == top.device && m.root == Path::new("/") && m.fstype == FSTYPE);
         if let Some(main) = main {
             if !dead && main.point != mountpoint {
                 return Err(ExposeError::Live {
@@ -237,7 +180,7 @@ pub fn expose(root: &Path, mountpoint: &Path, driver: &str) -> Result<Exposed, E
             None::<&str>,
         )
         .map_err(sys("bind-mounting the view's directory"))?;
-        let id = top_at(&mount_table(), &target).map_or(0, |m| m.id);
+        let id = top_at(&mountinfo::current(), &target).map_or(0, |m| m.id);
         exposed.binds.lock().push(Bind { target, id });
     }
     tracing::info!(root = %root.display(), "view exposed");
@@ -253,7 +196,7 @@ impl Exposed {
         if binds.is_empty() {
             return;
         }
-        let table = mount_table();
+        let table = mountinfo::current();
         for bind in binds {
             // Another mount may have replaced ours meanwhile; that one is not ours to remove.
             if top_at(&table, &bind.target).is_none_or(|m| m.id != bind.id) {
@@ -271,7 +214,7 @@ impl Exposed {
     pub fn withdraw_when_unmounted(&self, view: u64) {
         let info = std::fs::File::open("/proc/self/mountinfo").ok();
         while !self.withdrawn.load(Ordering::Acquire) {
-            if !mount_table().iter().any(|m| m.id == view) {
+            if !mountinfo::current().iter().any(|m| m.id == view) {
                 self.withdraw();
                 return;
             }
@@ -309,7 +252,7 @@ impl Drop for Exposed {
 
 /// The mount id of the `fuse.layerfs` mount on top at `mountpoint`.
 pub fn view_mount_id(mountpoint: &Path) -> Option<u64> {
-    top_at(&mount_table(), mountpoint)
+    top_at(&mountinfo::current(), mountpoint)
         .filter(|m| m.fstype == FSTYPE)
         .map(|m| m.id)
 }

@@ -147,7 +147,7 @@ pub fn reclaim_dead(mountpoint: &Path) -> Result<bool, DeadMount> {
 
 /// `stat` of `path` that reaches the filesystem: the kernel keeps answering from attributes
 /// it cached before the daemon died, so only a forced round trip tells a dead mount.
-fn ask_root(path: &Path) -> Result<(), Errno> {
+pub fn ask_root(path: &Path) -> Result<(), Errno> {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
         return Err(Errno::EINVAL);

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 /// One mount, as a line of mountinfo describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
+    /// The mount's id, unique while it is mounted.
+    pub id: u64,
     /// The filesystem's device, `major:minor`: the same for every bind of one filesystem.
     pub device: String,
     /// The directory of the filesystem mounted there (`/` unless it is a bind of a part).
@@ -19,12 +21,15 @@ pub struct Mount {
 pub fn parse(info: &str) -> impl Iterator<Item = Mount> + '_ {
     info.lines().filter_map(|line| {
         let (before, after) = line.split_once(" - ")?;
-        let mut before = before.split(' ').skip(2);
+        let mut before = before.split(' ');
+        let id = before.next()?.parse().ok()?;
+        let _parent = before.next()?;
         let (device, root, point) = (before.next()?, before.next()?, before.next()?);
         let mut after = after.split(' ');
         let fstype = after.next()?;
         let source = after.next()?;
         Some(Mount {
+            id,
             device: device.to_owned(),
             root: PathBuf::from(unescape(root)),
             point: PathBuf::from(unescape(point)),
