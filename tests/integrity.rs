@@ -1828,15 +1828,7 @@ fn a_million_creates_and_deletes_do_not_grow_the_daemon() {
 /// every file reads back what was written, in a local-only and in a shared area.
 #[test]
 fn more_files_than_the_daemon_may_open_are_served() {
-    let dir = tempfile::tempdir().unwrap();
-    let (remote, local, mnt) = (
-        dir.path().join("remote"),
-        dir.path().join("local"),
-        dir.path().join("mnt"),
-    );
-    copy_tree(&repo().join("fixtures/remote"), &remote);
-    fs::create_dir(&local).unwrap();
-    fs::create_dir(&mnt).unwrap();
+    let (_dir, remote, local, mnt) = fixture_trees();
     let m = RawMount::start_limited(&remote, &local, &mnt, &["-o", "allow_other"], Some(2048));
     let _w = Watchdog::new(m.pid(), 300);
     let areas = [
@@ -1869,14 +1861,8 @@ fn more_files_than_the_daemon_may_open_are_served() {
     assert!(open < 2048);
 }
 
-/// Dropping names from the kernel's cache to stay within the open-file limit must never
-/// take a mount with it: the kernel detaches whatever is mounted on or below a name it is
-/// told to drop. A container's root mounted on a directory of the view (iSulad's
-/// `overlay/<cid>/merged`, directly or through `--expose-into`'s bind), a mount deeper
-/// down, and a file bind-mounted onto a file of the view all stay mounted through a walk that makes the daemon trim, and trimming still
-/// keeps the daemon's descriptors within its limit.
-#[test]
-fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
+/// A temporary dir holding a copy of the fixture remote, an empty local and a mountpoint.
+fn fixture_trees() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let (remote, local, mnt) = (
         dir.path().join("remote"),
@@ -1886,6 +1872,18 @@ fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
     copy_tree(&repo().join("fixtures/remote"), &remote);
     fs::create_dir(&local).unwrap();
     fs::create_dir(&mnt).unwrap();
+    (dir, remote, local, mnt)
+}
+
+/// Dropping names from the kernel's cache to stay within the open-file limit must never
+/// take a mount with it: the kernel detaches whatever is mounted on or below a name it is
+/// told to drop. A container's root mounted on a directory of the view (iSulad's
+/// `overlay/<cid>/merged`, directly or through `--expose-into`'s bind), a mount deeper
+/// down, and a file bind-mounted onto a file of the view all stay mounted through a walk that makes the daemon trim, and trimming still
+/// keeps the daemon's descriptors within its limit.
+#[test]
+fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
+    let (dir, remote, local, mnt) = fixture_trees();
     // The view is also bound into a storage root, as for iSulad; a container's root mounted
     // through that bind stands on the view just the same.
     let storage = dir.path().join("storage");

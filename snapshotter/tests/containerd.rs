@@ -177,22 +177,8 @@ fn an_imported_image_the_shared_tree_holds_runs_on_the_shared_layers() {
     let script =
         "cat /etc/marker; echo new > /etc/new; rm /bin/head; mkdir -p /d/e; mv /d /moved; \
                   ls /moved; test -e /bin/head && echo head-still-there; cat /etc/new";
-    let mut out = containerd.ctr(&[
-        "run",
-        "--rm",
-        "--snapshotter",
-        "layerfs",
-        IMAGE,
-        "c1",
-        "/bin/sh",
-        "-c",
-        script,
-    ]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !out.status.success() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_secs(1));
-        let _ = containerd.ctr(&["containers", "rm", "c1"]);
-        out = containerd.ctr(&[
+    let run = || {
+        let args = [
             "run",
             "--rm",
             "--snapshotter",
@@ -202,7 +188,15 @@ fn an_imported_image_the_shared_tree_holds_runs_on_the_shared_layers() {
             "/bin/sh",
             "-c",
             script,
-        ]);
+        ];
+        containerd.ctr(&args)
+    };
+    let mut out = run();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !out.status.success() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let _ = containerd.ctr(&["containers", "rm", "c1"]);
+        out = run();
     }
     let text = output_text(&out);
     assert!(out.status.success(), "{text}");

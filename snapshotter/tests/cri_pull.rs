@@ -45,18 +45,7 @@ fn cri_config(snapshotter: &str, registry: &Registry) -> String {
 }
 
 async fn cri_pull(containerd: &Containerd, reference: &str) -> String {
-    let socket = containerd.socket.clone();
-    let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let socket = socket.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
-        .unwrap();
+    let channel = unix_channel(&containerd.socket).await;
     let mut client = cri::image_service_client::ImageServiceClient::new(channel);
     let request = cri::PullImageRequest {
         image: Some(cri::ImageSpec {

@@ -251,8 +251,13 @@ impl Drop for Snapshotter {
 }
 
 pub async fn connect(socket: &Path) -> SnapshotsClient<Channel> {
+    SnapshotsClient::new(unix_channel(socket).await)
+}
+
+/// A gRPC channel over the unix socket `socket`.
+pub async fn unix_channel(socket: &Path) -> Channel {
     let socket = socket.to_owned();
-    let channel = Endpoint::try_from("http://[::]:50051")
+    Endpoint::try_from("http://[::]:50051")
         .unwrap()
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let socket = socket.clone();
@@ -262,8 +267,7 @@ pub async fn connect(socket: &Path) -> SnapshotsClient<Channel> {
             }
         }))
         .await
-        .unwrap();
-    SnapshotsClient::new(channel)
+        .unwrap()
 }
 
 // ---- Images ----
