@@ -6,6 +6,7 @@
 //!   ignore_failed}` request, over snapshotter backends that do or do not support quotas.
 //! - [`table`]: the live quota roots of a mount, their limits and usage, and the
 //!   reservations writes take against them.
+//! - [`io`]: what calls on file data may allocate, estimated before they run.
 //! - [`scan`]: usage recomputed from local at mount (and when a quota is set), so that a
 //!   crash never leaves it wrong.
 //! - [`persist`]: the registry of quota roots kept in local.
@@ -14,6 +15,7 @@
 //! XFS project quotas. Quota roots do not nest: a quota cannot be set inside, or above,
 //! another quota root.
 
+pub mod io;
 pub mod persist;
 pub mod scan;
 pub mod size;

@@ -21,8 +21,9 @@ use tracing::debug;
 use super::inodes::Identity;
 use super::local_identity;
 use super::node::{Layer, Node};
-use super::quota::{charge_new, copy_estimate, dir_blocks, NEEDS_ROOM};
+use super::quota::{charge_new, dir_blocks, NEEDS_ROOM};
 use super::{marker, Stat, View};
+use crate::quota::io::copy_estimate;
 use crate::quota::scan::allocated;
 use crate::store::{self, cname, copy, xattr, Kind};
 

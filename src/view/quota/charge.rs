@@ -8,7 +8,7 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use tracing::warn;
 
-use super::block_size;
+use crate::quota::io::block_size;
 use crate::quota::scan::allocated;
 use crate::quota::table::{QuotaRoot, Reservation};
 use crate::store;

@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use super::inodes::ROOT_INO;
 use super::node::Node;
-use super::{Caller, Stat, View};
+use super::{Caller, View};
 use crate::quota::persist::{self, Registry};
 use crate::quota::scan;
 use crate::quota::size::{parse_size, SizeError};
@@ -32,7 +32,6 @@ use crate::store;
 
 pub use charge::Held;
 pub(in crate::view) use charge::{charge_new, dir_blocks, NEEDS_ROOM};
-pub(in crate::view) use io::copy_estimate;
 
 /// The attribute through which a runtime sets a directory's quota without our CLI.
 pub const QUOTA_XATTR: &[u8] = b"user.layerfs.quota";
@@ -464,10 +463,6 @@ impl View {
     pub(in crate::view) fn is_quota_xattr(name: &OsStr) -> bool {
         name.as_bytes() == QUOTA_XATTR
     }
-}
-
-fn block_size(st: &Stat) -> u64 {
-    (st.st_blksize as u64).clamp(512, 1 << 20)
 }
 
 /// Opens a directory of local by its relative path, never following a symlink.
