@@ -9,6 +9,7 @@
 //! - [`io`]: what calls on file data may allocate, estimated before they run.
 //! - [`scan`]: usage recomputed from local at mount (and when a quota is set), so that a
 //!   crash never leaves it wrong.
+//! - [`roots`]: the registry of roots saved and loaded, and the errors of changing roots.
 //! - [`persist`]: the registry of quota roots kept in local.
 //!
 //! Usage is allocated space (`st_blocks`), so sparse holes are free until written, as with
@@ -17,6 +18,7 @@
 
 pub mod io;
 pub mod persist;
+pub mod roots;
 pub mod scan;
 pub mod size;
 pub mod storage;

@@ -12,7 +12,7 @@ mod charge;
 mod io;
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -23,54 +23,15 @@ use tracing::{info, warn};
 use super::inodes::ROOT_INO;
 use super::node::Node;
 use super::{Caller, View};
-use crate::quota::persist::{self, Registry};
+use crate::quota::roots::{self, QuotaError, QUOTA_XATTR};
 use crate::quota::scan;
-use crate::quota::size::{parse_size, SizeError};
+use crate::quota::size::parse_size;
 use crate::quota::table::{Limit, QuotaRoot};
 use crate::report::{QuotaAnswer, QuotaInfo, QuotaRequest};
 use crate::store;
 
 pub use charge::Held;
 pub(in crate::view) use charge::{charge_new, dir_blocks, NEEDS_ROOM};
-
-/// The attribute through which a runtime sets a directory's quota without our CLI.
-pub const QUOTA_XATTR: &[u8] = b"user.layerfs.quota";
-
-#[derive(Debug, thiserror::Error)]
-pub enum QuotaError {
-    #[error("{path}: {source}")]
-    Sys { path: String, source: Errno },
-    #[error("{path} is inside the quota root {root}; quota roots do not nest")]
-    Inside { path: String, root: String },
-    #[error("{path} contains the quota root {root}; quota roots do not nest")]
-    Contains { path: String, root: String },
-    #[error("{path} is not a quota root")]
-    NotRoot { path: String },
-    #[error(
-        "{file} is open with FUSE passthrough, whose writes a quota on {path} could not \
-         count; close it, or set quotas before files are opened"
-    )]
-    Busy { path: String, file: String },
-    #[error(transparent)]
-    Size(#[from] SizeError),
-    #[error("saving the quota registry: {0}")]
-    Save(#[from] persist::RegistryError),
-}
-
-impl QuotaError {
-    /// The errno the xattr interface answers with.
-    pub fn errno(&self) -> Errno {
-        match self {
-            QuotaError::Sys { source, .. } => *source,
-            QuotaError::Inside { .. } | QuotaError::Contains { .. } | QuotaError::Busy { .. } => {
-                Errno::EBUSY
-            }
-            QuotaError::NotRoot { .. } => Errno::ENODATA,
-            QuotaError::Size(_) => Errno::EINVAL,
-            QuotaError::Save(_) => Errno::EIO,
-        }
-    }
-}
 
 impl View {
     /// The quota root `node` is under (a directory is under itself when it is one).
@@ -308,71 +269,12 @@ impl View {
 
     /// Writes the registry of roots to local.
     pub fn save_quotas(&self) -> Result<(), QuotaError> {
-        let registry = Registry {
-            version: 1,
-            roots: self
-                .quotas
-                .list()
-                .iter()
-                .map(|r| {
-                    let (limit, usage) = (r.limit(), r.usage());
-                    persist::Entry {
-                        path: r.path(),
-                        limit: limit.bytes,
-                        inode_limit: limit.inodes,
-                        used: usage.bytes,
-                        inodes_used: usage.inodes,
-                    }
-                })
-                .collect(),
-        };
-        Ok(persist::save(self.local_root.as_fd(), &registry)?)
+        roots::save(&self.quotas, self.local_root.as_fd())
     }
 
-    /// Loads the registry at mount and recounts every root's usage from disk, so that a
-    /// crash (whose last counts were never saved) leaves nothing wrong. A root whose
-    /// directory is gone loses its quota, with a warning.
+    /// Loads the registry at mount (see [`roots::load`]); returns how many roots there are.
     pub fn load_quotas(&self) -> Result<usize, QuotaError> {
-        let registry = persist::load(self.local_root.as_fd())?;
-        let mut dropped = false;
-        for entry in &registry.roots {
-            let shown = entry.path.display().to_string();
-            let found = open_local_dir(self.local_root.as_fd(), &entry.path).and_then(|fd| {
-                let st = store::stat_fd(fd.as_fd())?;
-                Ok((st, scan::usage(fd.as_fd())?))
-            });
-            let (st, usage) = match found {
-                Ok(found) => found,
-                Err(e) => {
-                    warn!(path = %shown, error = %e, "quota root is gone from local; its quota is dropped");
-                    dropped = true;
-                    continue;
-                }
-            };
-            if usage.bytes != entry.used || usage.inodes != entry.inodes_used {
-                info!(
-                    path = %shown,
-                    saved = entry.used,
-                    counted = usage.bytes,
-                    "quota usage recounted from disk"
-                );
-            }
-            self.quotas.insert(Arc::new(QuotaRoot::new(
-                st.st_dev,
-                st.st_ino,
-                entry.path.clone(),
-                Limit {
-                    bytes: entry.limit,
-                    inodes: entry.inode_limit,
-                },
-                usage,
-                self.quotas.errno(),
-            )));
-        }
-        if dropped {
-            self.save_quotas()?;
-        }
-        Ok(self.quotas.list().len())
+        roots::load(&self.quotas, self.local_root.as_fd())
     }
 
     /// `statfs` of the directory `node`: a quota root's limit and room when it is under
@@ -463,19 +365,4 @@ impl View {
     pub(in crate::view) fn is_quota_xattr(name: &OsStr) -> bool {
         name.as_bytes() == QUOTA_XATTR
     }
-}
-
-/// Opens a directory of local by its relative path, never following a symlink.
-fn open_local_dir(root: BorrowedFd<'_>, path: &Path) -> Result<std::os::fd::OwnedFd, Errno> {
-    let mut fd = store::reopen(
-        root,
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
-    )?;
-    for part in path.components() {
-        let Component::Normal(name) = part else {
-            return Err(Errno::EINVAL);
-        };
-        fd = store::open_dir_at(fd.as_fd(), &store::cname(name)?)?;
-    }
-    Ok(fd)
 }
