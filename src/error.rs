@@ -41,7 +41,7 @@ pub enum Error {
     Quota {
         local: PathBuf,
         #[source]
-        source: crate::quota::roots::QuotaError,
+        source: crate::quota::QuotaError,
     },
     #[error("opening {}: {source}", path.display())]
     Open {

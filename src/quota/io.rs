@@ -11,18 +11,84 @@ use std::sync::Arc;
 
 use nix::errno::Errno;
 
+use super::ledger::Ledger;
+use super::scan::allocated;
+use super::seam::{Need, Reserved, Under};
 use super::table::{QuotaRoot, Reservation};
 use crate::store;
 
+/// The estimate of calls that make a new name: they need a root that is not full, as on
+/// XFS, where a new entry reserves directory space.
+const NEEDS_ROOM: u64 = 1;
+
+/// Symlink targets shorter than this live in the inode itself on most filesystems;
+/// longer ones take a block.
+const INLINE_TARGET: usize = 60;
+
+impl Ledger {
+    /// See [`super::Accounting::reserve`].
+    pub(super) fn set_aside(&self, under: &Under, need: Need<'_>) -> Result<Reserved, Errno> {
+        let Some(root) = &under.0 else {
+            let granted = match need {
+                Need::Write { len, .. } => len,
+                _ => 0,
+            };
+            return Ok(Reserved {
+                _room: None,
+                granted,
+            });
+        };
+        let entry = |bytes, inodes| root.reserve_with_inodes(bytes, inodes);
+        let (room, granted) = match need {
+            Need::Entry { inodes } => (entry(NEEDS_ROOM, inodes)?, 0),
+            Need::Dir => (entry(self.block, 1)?, 0),
+            Need::Symlink { len } if len < INLINE_TARGET => (entry(NEEDS_ROOM, 1)?, 0),
+            Need::Symlink { .. } => (entry(self.block, 1)?, 0),
+            Need::CopyUp { data } => {
+                let bytes = data.map_or(NEEDS_ROOM, |source| {
+                    copy_estimate(source, self.block).max(NEEDS_ROOM)
+                });
+                (entry(bytes, 1)?, 0)
+            }
+            Need::Write {
+                fd,
+                st,
+                offset,
+                len,
+            } => {
+                let (granted, room) = reserve_fitting(root, fd, st, offset, len)?;
+                (room, granted)
+            }
+            Need::Range {
+                fd,
+                st,
+                offset,
+                len,
+            } => (root.reserve(estimate(fd, st, offset, len))?, 0),
+            Need::Holes { fd } => {
+                let st = store::stat_fd(fd)?;
+                let block = self.block.max(1);
+                let size = (st.st_size as u64).div_ceil(block) * block;
+                let holes = size.saturating_sub(allocated(&st));
+                (root.reserve(holes)?, 0)
+            }
+        };
+        Ok(Reserved {
+            _room: Some(room),
+            granted,
+        })
+    }
+}
+
 /// The block size estimates round to: the file's own, within sane bounds.
-pub fn block_size(st: &libc::stat) -> u64 {
+pub(super) fn block_size(st: &libc::stat) -> u64 {
     (st.st_blksize as u64).clamp(512, 1 << 20)
 }
 
 /// What writing `len` bytes at `offset` of the file may allocate: the blocks of the range
 /// that have no space yet. Where the filesystem cannot tell (no FIEMAP), a range that
 /// `SEEK_HOLE` finds all data costs only what grows the file, any other the whole range.
-pub fn estimate(fd: BorrowedFd<'_>, st: &libc::stat, offset: u64, len: u64) -> u64 {
+fn estimate(fd: BorrowedFd<'_>, st: &libc::stat, offset: u64, len: u64) -> u64 {
     if len == 0 {
         return 0;
     }
@@ -50,7 +116,7 @@ pub fn estimate(fd: BorrowedFd<'_>, st: &libc::stat, offset: u64, len: u64) -> u
 /// What a copy of the remote file behind `source` will allocate in local: its data
 /// extents (the copy keeps holes), in whole local blocks. Not its `st_blocks`, which a
 /// compressing or network filesystem may report far below the data it holds.
-pub fn copy_estimate(source: BorrowedFd<'_>, block: u64) -> u64 {
+fn copy_estimate(source: BorrowedFd<'_>, block: u64) -> u64 {
     let Ok(fd) = store::reopen(source, nix::fcntl::OFlag::O_RDONLY) else {
         return 0;
     };
@@ -82,7 +148,7 @@ pub fn copy_estimate(source: BorrowedFd<'_>, block: u64) -> u64 {
 
 /// Reserves room for writing `len` bytes at `offset` of the file `fd`; where they do not
 /// all fit, for as many as fit, as a full disk makes a short write. Returns how many.
-pub fn reserve_fitting(
+fn reserve_fitting(
     root: &Arc<QuotaRoot>,
     fd: BorrowedFd<'_>,
     st: &libc::stat,
