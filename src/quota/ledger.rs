@@ -32,9 +32,10 @@ impl Ledger {
         }
     }
 
-    /// Loads the roots from the registry in local and recounts their usage from disk (see
-    /// [`roots::load`]), before the mount is served; `errno` is what allocations over a
-    /// limit fail with, `ENOSPC` or `EDQUOT`. Returns how many roots there are.
+    /// Loads the roots from the registry in local and recounts their usage from disk, so
+    /// that a crash (whose last counts were never saved) leaves nothing wrong; before the
+    /// mount is served. `errno` is what allocations over a limit fail with, `ENOSPC` or
+    /// `EDQUOT`. Returns how many roots there are.
     pub fn load(&mut self, errno: Errno) -> Result<usize, QuotaError> {
         self.quotas = Quotas::new(errno);
         roots::load(&self.quotas, self.local.as_fd())

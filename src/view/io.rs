@@ -1,7 +1,7 @@
 //! Open files and their data through the daemon: opens and closes as the quota must know
 //! them, writes, `fallocate`, truncates and `copy_file_range`. Data calls allocate as the
 //! caller (see [`crate::store::creds`]); inside a quota root each reserves what it may
-//! allocate and is charged what it did (see [`crate::quota::seam`]).
+//! allocate and is charged what it did (see [`crate::quota::Accounting`]).
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Arc;

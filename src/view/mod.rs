@@ -22,9 +22,9 @@
 //! this order, never the other way round:
 //! 1. a node's copy-up lock ([`Node::copy_lock`]): one object's copy-up, which only the
 //!    requests that need that object copied up wait for;
-//! 2. a file's measuring lock (the node's [`Object::measuring`](crate::quota::Object)):
-//!    one `fstat` of a local file to charge its quota root, which only other charges of the
-//!    same file wait for;
+//! 2. a file's measuring lock ([`Object::measuring`](crate::quota::Object::measuring) of
+//!    its node): one `fstat` of a local file to charge its quota root, which only other
+//!    charges of the same file wait for;
 //! 3. the quota's change lock (inside [`crate::quota`]): setting and clearing roots, and
 //!    the renames that move one; the registry in local is saved under it;
 //! 4. the inode table ([`inodes::InodeTable`]), then a node's state ([`Node::state`], which
