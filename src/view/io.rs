@@ -10,7 +10,7 @@ use nix::errno::Errno;
 
 use super::node::Node;
 use super::{Caller, View};
-use crate::quota::{Accounting, Allocated, Charge, Gone, Need, Reserved};
+use crate::quota::{Accounting, Allocated, Charge, Charged, Gone, Need, Reserved, Under};
 use crate::store::{self, creds};
 
 impl View {
@@ -173,11 +173,11 @@ impl View {
     /// Charges what the file `node`, open as `fd`, holds now (see [`Charge::File`]).
     fn charge_file(
         &self,
-        under: &crate::quota::Under,
+        under: &Under,
         node: &Node,
         fd: BorrowedFd<'_>,
         before: Option<Allocated>,
-    ) -> crate::quota::Charged {
+    ) -> Charged {
         let change = Charge::File {
             obj: node,
             fd,
