@@ -41,7 +41,7 @@ pub enum Error {
     Quota {
         local: PathBuf,
         #[source]
-        source: crate::view::quota::QuotaError,
+        source: crate::quota::QuotaError,
     },
     #[error(transparent)]
     Expose(#[from] crate::expose::ExposeError),

@@ -16,7 +16,6 @@ use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
 use crate::fs::{LayerFs, Timeouts};
 use crate::layout::{LayoutIndex, Scanner};
 use crate::metrics::{InodeCounts, Metrics, Sources};
-use crate::quota::table::Quotas;
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
 use crate::report::{ImageInfo, LayerInfo, QuotaAnswer, QuotaRequest, RoundReport, Status};
 use crate::view::{open_root, Layout, View};
@@ -57,12 +56,13 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
             path: config.local.clone(),
             source,
         })?;
-    view.quotas = Quotas::new(config.quota_errno);
     // Refusing to mount beats serving without the limits an operator set.
-    let roots = view.load_quotas().map_err(|source| Error::Quota {
-        local: config.local.clone(),
-        source,
-    })?;
+    let roots = view
+        .load_quotas(config.quota_errno)
+        .map_err(|source| Error::Quota {
+            local: config.local.clone(),
+            source,
+        })?;
     if roots > 0 {
         info!(roots, "quota roots loaded, usage counted from local");
     }

@@ -116,3 +116,44 @@ fn no_two_modules_name_each_other() {
     }
     assert!(pairs.is_empty(), "modules that name each other: {pairs:?}");
 }
+
+/// The view and the FUSE glue reach quotas through the seam alone: they name the items
+/// `quota` exports (the `Accounting` trait and the values it takes and returns), never one
+/// of its modules, but `size`, the size strings users write.
+#[test]
+fn view_and_fs_use_quota_through_its_seam() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let modules: BTreeSet<String> = fs::read_dir(src.join("quota"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter_map(|p| Some(p.file_stem()?.to_str()?.to_owned()))
+        .filter(|m| m != "mod" && m != "size")
+        .collect();
+    let mut wrong = Vec::new();
+    for user in ["view", "fs"] {
+        let mut texts = Vec::new();
+        sources(&src.join(user), &mut texts);
+        for text in &texts {
+            for (at, _) in text.match_indices("crate::quota::") {
+                let rest = &text[at + "crate::quota::".len()..];
+                let names: Vec<String> = match rest.strip_prefix('{') {
+                    Some(group) => group[..group.find('}').unwrap_or(group.len())]
+                        .split(',')
+                        .map(|part| ident(part.trim_start()))
+                        .collect(),
+                    None => vec![ident(rest)],
+                };
+                wrong.extend(
+                    names
+                        .into_iter()
+                        .filter(|n| modules.contains(n))
+                        .map(|n| format!("{user} -> quota::{n}")),
+                );
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "quota internals named outside the seam: {wrong:?}"
+    );
+}

@@ -309,7 +309,7 @@ impl Core {
 /// What an open was granted: its I/O mode, and the quota it holds while open.
 struct Granted {
     grant: Grant,
-    held: Option<Held>,
+    held: Option<Reserved>,
 }
 
 /// Registers a passthrough backing file. The kernel writes through it later with the

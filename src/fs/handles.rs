@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::quota::Reserved;
 use crate::view::listing::ListEntry;
-use crate::view::quota::Held;
 use crate::view::{Layer, Node};
 
 /// How the kernel does I/O on an open file.
@@ -42,7 +42,7 @@ pub struct FileHandle {
     /// for reading on the first read after it (see `LayerFs::read`).
     pub copy: Mutex<Option<Arc<OwnedFd>>>,
     /// Quota set aside while the open lasts.
-    pub _held: Option<Held>,
+    pub _held: Option<Reserved>,
 }
 
 #[derive(Debug)]

@@ -37,9 +37,9 @@ use nix::errno::Errno;
 use parking_lot::Mutex;
 use tracing::{debug, info};
 
+use crate::quota::Reserved;
 use crate::store::creds;
 use crate::view::attrs::{SetAttr, Time};
-use crate::view::quota::Held;
 use crate::view::{Caller, Entry, Layer, Node, View};
 use attr::{file_attr, file_type};
 use backing::{BackingTable, Grant};

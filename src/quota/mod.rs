@@ -1,21 +1,51 @@
 //! Quotas on read-write directories of the view (DESIGN §6), after containerd's universal
 //! snapshot-quota design.
 //!
+//! The view reaches quotas through one trait, [`Accounting`] (see [`seam`] for the story
+//! of a call), implemented by [`Ledger`]; everything else here is behind it:
+//!
+//! - [`seam`]: the trait, [`Object`] (what it needs of the view's objects, which the view
+//!   implements) and the values they exchange.
+//! - `ledger`: the accounting of one mount.
+//! - `charge`: which root an object is under, and what is charged and credited to it.
+//! - `io`: what a call may allocate, estimated before it runs.
+//! - `table`: the live quota roots of a mount, their limits and usage, and the
+//!   reservations calls take against them.
+//! - `roots`: setting and clearing roots, and their registry saved and loaded.
+//! - `persist`: the registry of quota roots kept in local.
+//! - `scan`: usage recomputed from local at mount (and when a quota is set), so that a
+//!   crash never leaves it wrong.
 //! - [`size`]: the size strings users and containerd labels give.
 //! - [`storage`]: the one place that decides what happens to a `storage {size,
 //!   ignore_failed}` request, over snapshotter backends that do or do not support quotas.
-//! - [`table`]: the live quota roots of a mount, their limits and usage, and the
-//!   reservations writes take against them.
-//! - [`scan`]: usage recomputed from local at mount (and when a quota is set), so that a
-//!   crash never leaves it wrong.
-//! - [`persist`]: the registry of quota roots kept in local.
 //!
 //! Usage is allocated space (`st_blocks`), so sparse holes are free until written, as with
 //! XFS project quotas. Quota roots do not nest: a quota cannot be set inside, or above,
 //! another quota root.
+//!
+//! ## Locks
+//! Taken in the view's lock order (see `view`): the change lock
+//! (`table::Quotas::lock_changes`) serializes setting, clearing and moving roots with the
+//! saving of the registry in local, and is taken with no object's state locked; under it,
+//! objects' states are locked ([`Object::tally`]) for reading and updating alone. The table
+//! of roots and each root's path are leaves; limits, usage and reservations are atomics.
+//! A file's measuring lock ([`Object::measuring`]) is taken before its state, never while
+//! the change lock is held.
 
-pub mod persist;
-pub mod scan;
+mod charge;
+mod io;
+mod ledger;
+mod persist;
+mod roots;
+mod scan;
+pub mod seam;
 pub mod size;
 pub mod storage;
-pub mod table;
+mod table;
+
+pub use ledger::Ledger;
+pub use roots::{QuotaError, QUOTA_XATTR};
+pub use seam::{
+    Accounting, Allocated, Charge, Charged, Gone, Move, Need, Object, Opens, Reserved, Tally, Under,
+};
+pub use table::Limit;

@@ -1,16 +1,9 @@
 //! The quota roots of one mount: limits, usage, and the reservations that keep concurrent
 //! allocations from overshooting a limit.
 //!
-//! The story of one allocation (a write, a copy-up, a mkdir) inside a root:
-//! 1. the view estimates what the call may allocate and takes a [`Reservation`] for it:
-//!    `used + reserved + estimate` must stay within the limit, or the call fails before it
-//!    touches anything (`ENOSPC`, or `EDQUOT` with `-o quota_errno=edquot`);
-//! 2. the call runs;
-//! 3. the view measures what was really allocated (`st_blocks` after minus before) and
-//!    [`QuotaRoot::charge`]s it, then drops the reservation.
-//!
-//! So concurrent writers can only overshoot by what a single call allocates beyond its
-//! estimate (filesystem metadata blocks), never by a whole write each.
+//! A call that allocates takes a [`Reservation`] for its estimate, which fits only while
+//! `used + reserved + estimate` stays within the limit, and [`QuotaRoot::charge`]s what
+//! it measured before dropping it (the whole story is in [`super::seam`]).
 //!
 //! Roots are found by the local directory's `(dev, ino)`, which survives renames.
 
@@ -110,12 +103,6 @@ impl QuotaRoot {
             bytes: self.used.load(Ordering::Relaxed),
             inodes: self.inodes.load(Ordering::Relaxed),
         }
-    }
-
-    /// Replaces the usage outright (a fresh scan).
-    pub fn set_usage(&self, usage: Usage) {
-        self.used.store(usage.bytes, Ordering::Relaxed);
-        self.inodes.store(usage.inodes, Ordering::Relaxed);
     }
 
     /// The error an allocation over the limit fails with.

@@ -192,7 +192,7 @@ impl View {
         }
         let mut out = Vec::new();
         if self.is_quota_root(node) {
-            out.extend_from_slice(super::quota::QUOTA_XATTR);
+            out.extend_from_slice(crate::quota::QUOTA_XATTR);
             out.push(0);
         }
         let fd = self.object_fd(node)?;

@@ -21,9 +21,8 @@ use tracing::debug;
 use super::inodes::Identity;
 use super::local_identity;
 use super::node::{Layer, Node};
-use super::quota::{charge_new, copy_estimate, dir_blocks, NEEDS_ROOM};
 use super::{marker, Stat, View};
-use crate::quota::scan::allocated;
+use crate::quota::{Accounting, Allocated, Charge, Need};
 use crate::store::{self, cname, copy, xattr, Kind};
 
 /// Whether a directory's copy-up must fit in its quota root.
@@ -84,12 +83,11 @@ impl View {
         let template = self.getattr(node)?;
         let remote = node.state().remote.clone();
         let parent_times = store::stat_fd(parent_fd.as_fd())?;
-        let root = self.quota_of(node);
-        let _room = root
-            .as_ref()
-            .filter(|_| room == Room::Reserve)
-            .map(|r| r.reserve_with_inodes(self.local_block_size(), 1))
-            .transpose()?;
+        let under = self.quota().under(node);
+        let _room = match room {
+            Room::Reserve => Some(self.quota().reserve(&under, Need::Dir)?),
+            Room::Never => None,
+        };
 
         // Created closed (0700, root) and opened up once its attributes are right.
         let fd = match nix::sys::stat::mkdirat(
@@ -107,9 +105,14 @@ impl View {
                 }
                 apply_owner_mode_times(fd.as_fd(), &template)?;
                 restore_times(parent_fd.as_fd(), &parent_times);
-                if let Some(root) = &root {
-                    let made = dir_blocks(fd.as_fd());
-                    charge_new(root, parent_fd.as_fd(), allocated(&parent_times), made, 1);
+                if !under.is_none() {
+                    let made = Charge::Entry {
+                        dir: parent_fd.as_fd(),
+                        before: Allocated::of(&parent_times),
+                        made: Allocated::at(fd.as_fd()),
+                        inodes: 1,
+                    };
+                    self.quota().charge(&under, made);
                 }
                 fd
             }
@@ -152,19 +155,12 @@ impl View {
         let dir = local_dir.as_fd();
         // The copy must fit in the quota before a byte of it is written: a copy-up that
         // fails leaves no partial file.
-        let root = self.quota_of(&parent);
-        let _room = root
-            .as_ref()
-            .map(|r| {
-                let needs = match (&source, node.kind) {
-                    (Some(source), Kind::File) if with_data => {
-                        copy_estimate(source.as_fd(), self.local_block_size()).max(NEEDS_ROOM)
-                    }
-                    _ => NEEDS_ROOM,
-                };
-                r.reserve_with_inodes(needs, 1)
-            })
-            .transpose()?;
+        let under = self.quota().under(&parent);
+        let data = match (&source, node.kind) {
+            (Some(source), Kind::File) if with_data => Some(source.as_fd()),
+            _ => None,
+        };
+        let _room = self.quota().reserve(&under, Need::CopyUp { data })?;
         let placed = match (layer, link, &source) {
             (Layer::Virtual, Some(target), _) => {
                 let mut st = self.getattr(node)?;
@@ -186,10 +182,13 @@ impl View {
         };
         restore_times(dir, &parent_times);
         let st = store::stat_fd(placed.as_fd())?;
-        if let Some(root) = &root {
-            charge_new(root, dir, allocated(&parent_times), allocated(&st), 1);
-            node.state().blocks = Some((self.quotas.generation(), allocated(&st)));
-        }
+        let copied = Charge::CopiedUp {
+            obj: &**node,
+            dir,
+            before: Allocated::of(&parent_times),
+            copy: &st,
+        };
+        self.quota().charge(&under, copied);
         let old_ids = {
             let mut state = node.state();
             state.layer = Layer::Local;

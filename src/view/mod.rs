@@ -22,13 +22,15 @@
 //! this order, never the other way round:
 //! 1. a node's copy-up lock ([`Node::copy_lock`]): one object's copy-up, which only the
 //!    requests that need that object copied up wait for;
-//! 2. a file's settle lock ([`Node::settle_lock`]): one `fstat` of a local file to charge
-//!    its quota root, which only other charges of the same file wait for;
-//! 3. the quota change lock (`Quotas::lock_changes`): setting and clearing roots, and the
-//!    renames that move one; the registry in local is saved under it;
-//! 4. the inode table ([`inodes::InodeTable`]), then a node's state ([`Node::state`]),
-//!    then the table's own number maps: map operations only;
-//! 5. leaves: the layout index, the skeleton numbers, the quota table.
+//! 2. a file's measuring lock ([`Object::measuring`](crate::quota::Object::measuring) of
+//!    its node): one `fstat` of a local file to charge its quota root, which only other
+//!    charges of the same file wait for;
+//! 3. the quota's change lock (inside [`crate::quota`]): setting and clearing roots, and
+//!    the renames that move one; the registry in local is saved under it;
+//! 4. the inode table ([`inodes::InodeTable`]), then a node's state ([`Node::state`], which
+//!    holds what the quota keeps on the node), then the table's own number maps: map
+//!    operations only;
+//! 5. leaves: the layout index, the skeleton numbers, the quota's table of roots.
 //!
 //! Nodes are built (directories opened, attributes read, on the remote too) before the
 //! table is locked, and inserted if no other request inserted one for the same object
@@ -37,13 +39,14 @@
 pub mod attrs;
 pub mod copyup;
 pub mod inodes;
+pub mod io;
 pub mod listing;
 pub mod marker;
 pub mod names;
 pub mod namespace;
 pub mod node;
-pub mod quota;
 pub mod refresh;
+pub mod roots;
 pub mod route;
 pub mod zone;
 
@@ -60,7 +63,7 @@ use nix::fcntl::OFlag;
 use parking_lot::RwLock;
 
 use crate::layout::LayoutIndex;
-use crate::quota::table::Quotas;
+use crate::quota::{Accounting, Allocated, Charge, Ledger};
 pub use crate::store::open_root;
 use crate::store::{self, cname, creds, Kind};
 use inodes::{Identity, InodeTable, NewNode, ROOT_INO};
@@ -138,8 +141,8 @@ pub struct View {
     /// (see [`View::remote_area`]); replaced when the remote is (see [`refresh`]).
     remote_root: RwLock<Arc<OwnedFd>>,
     pub inodes: InodeTable,
-    /// The quota roots; set `quotas` before serving to choose the errno of a full root.
-    pub quotas: Quotas,
+    /// The quota accounting, reached through [`View::quota`] (see [`roots`] for loading it).
+    quota: Ledger,
     local_root: Arc<OwnedFd>,
     /// Owner and times given to synthesized objects.
     virtual_base: Stat,
@@ -173,6 +176,7 @@ impl View {
         virtual_base.st_atime_nsec = 0;
         let remote_dev = store::stat_fd(remote_root.as_fd()).map_or(0, |st| st.st_dev);
         let local_root = Arc::new(local_root);
+        let quota = Ledger::new(local_root.clone(), &local_st);
         // The root and the layout directories above the shared areas hold no remote handle:
         // their entries come from local and the index, so no request there waits on the
         // remote.
@@ -191,11 +195,16 @@ impl View {
             skeleton: Default::default(),
             remote_root: RwLock::new(Arc::new(remote_root)),
             inodes,
-            quotas: Quotas::new(Errno::ENOSPC),
+            quota,
             local_root,
             virtual_base,
             layout_attrs: Default::default(),
         })
+    }
+
+    /// The quota accounting, as the view may use it: through its trait alone.
+    fn quota(&self) -> &impl Accounting<Node> {
+        &self.quota
     }
 
     /// The layout index in force. Cheap: an `Arc` clone.
@@ -673,6 +682,13 @@ impl View {
         Ok(unsafe { st.assume_init() })
     }
 
+    /// `statfs` of the directory `node`: a quota root's limit and room when it is under
+    /// one, so that `df` inside a container shows its limit.
+    pub fn statfs_at(&self, node: &Arc<Node>) -> Result<libc::statvfs, Errno> {
+        let local = self.statfs()?;
+        Ok(self.quota().statfs(&self.quota().under(node), local))
+    }
+
     /// Opens a file for I/O, copying it up first when the open may write.
     pub fn open(&self, node: &Arc<Node>, flags: i32) -> Result<(OwnedFd, Layer), Errno> {
         if node.kind != Kind::File {
@@ -692,17 +708,18 @@ impl View {
             _ => OFlag::O_RDONLY | (OFlag::from_bits_truncate(flags) & OFlag::O_NOATIME),
         };
         // A truncating open frees the file's blocks: its quota root gets them back.
-        let truncating = match (layer, oflags.contains(OFlag::O_TRUNC)) {
-            (Layer::Local, true) => self.quota_of(node).map(|root| {
-                let before = store::stat_fd(object.as_fd())
-                    .map_or(0, |st| crate::quota::scan::allocated(&st));
-                (root, before)
-            }),
-            _ => None,
-        };
+        let truncating = (layer == Layer::Local && oflags.contains(OFlag::O_TRUNC))
+            .then(|| self.quota().under(node))
+            .filter(|under| !under.is_none())
+            .map(|under| (under, Allocated::at(object.as_fd())));
         let fd = store::reopen(object.as_fd(), oflags);
-        if let (Ok(fd), Some((root, before))) = (&fd, truncating) {
-            self.settle(&root, node, fd.as_fd(), before);
+        if let (Ok(fd), Some((under, before))) = (&fd, truncating) {
+            let change = Charge::File {
+                obj: &**node,
+                fd: fd.as_fd(),
+                before: Some(before),
+            };
+            self.quota().charge(&under, change);
         }
         // O_NOATIME is refused on files the daemon does not own when the caller asked for
         // it; retry without rather than fail a read.

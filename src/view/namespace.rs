@@ -22,10 +22,8 @@ use nix::unistd::{Gid, Uid, UnlinkatFlags};
 
 use super::copyup::{temp_name, Room};
 use super::node::{Layer, Node};
-use super::quota::{charge_new, dir_blocks, NEEDS_ROOM};
 use super::{marker, names, view_name, Caller, Entry, Found, Probe, Stat, View};
-use crate::quota::scan::allocated;
-use crate::quota::table::QuotaRoot;
+use crate::quota::{Accounting, Allocated, Charge, Gone, Need};
 use crate::store::{self, creds, Kind};
 
 /// Keeps a node the kernel did not hand us for the duration of one operation.
@@ -52,10 +50,10 @@ impl View {
         let parent = self.dir(parent)?;
         self.allocating(
             &parent,
-            NEEDS_ROOM,
+            Need::Entry { inodes: 1 },
             1,
             || self.create_file(&parent, name, mode, flags, caller),
-            |(entry, _)| allocated(&entry.stat),
+            |(entry, _)| Allocated::of(&entry.stat),
         )
     }
 
@@ -99,13 +97,12 @@ impl View {
         caller: Caller,
     ) -> Result<Entry, Errno> {
         let parent = self.dir(parent)?;
-        let block = self.local_block_size();
         self.allocating(
             &parent,
-            block,
+            Need::Dir,
             1,
             || self.make_dir(&parent, name, mode, caller),
-            |entry| allocated(&entry.stat),
+            |entry| Allocated::of(&entry.stat),
         )
     }
 
@@ -147,13 +144,13 @@ impl View {
     ) -> Result<Entry, Errno> {
         let parent = self.dir(parent)?;
         let make = || self.make_node(&parent, name, mode, rdev, caller);
-        let made = |entry: &Entry| allocated(&entry.stat);
+        let made = |entry: &Entry| Allocated::of(&entry.stat);
         if mode & libc::S_IFMT == libc::S_IFCHR && rdev == 0 {
             // Kernel overlayfs stacked on the view deletes with these: a deletion must work
             // in a full root.
             self.recording(&parent, 1, make, made)
         } else {
-            self.allocating(&parent, NEEDS_ROOM, 1, make, made)
+            self.allocating(&parent, Need::Entry { inodes: 1 }, 1, make, made)
         }
     }
 
@@ -204,19 +201,12 @@ impl View {
         caller: Caller,
     ) -> Result<Entry, Errno> {
         let parent = self.dir(parent)?;
-        // Short targets live in the inode itself on most filesystems; longer ones take a
-        // block.
-        let estimate = if target.len() < 60 {
-            NEEDS_ROOM
-        } else {
-            self.local_block_size()
-        };
         self.allocating(
             &parent,
-            estimate,
+            Need::Symlink { len: target.len() },
             1,
             || self.make_symlink(&parent, name, target, caller),
-            |entry| allocated(&entry.stat),
+            |entry| Allocated::of(&entry.stat),
         )
     }
 
@@ -257,11 +247,9 @@ impl View {
         let dir_node = self.dir(new_parent)?;
         // One inode cannot count against two roots: links across a root's boundary are
         // refused, as between XFS projects.
-        if !self.quotas.is_empty() {
-            let from = node.primary().and_then(|(p, _)| self.quota_of(&p));
-            if !same_root(&from, &self.quota_of(&dir_node)) {
-                return Err(Errno::EXDEV);
-            }
+        let from = node.primary().map(|(p, _)| self.quota().under(&p));
+        if from.unwrap_or_default() != self.quota().under(&dir_node) {
+            return Err(Errno::EXDEV);
         }
         // Copied up first, and charged by itself, so the link measures only its own entry.
         self.copy_up(&node, true)?;
@@ -271,9 +259,10 @@ impl View {
         if store::is_whiteout(&st) {
             // Kernel overlayfs stacked on the view makes its whiteouts as links to one: a
             // deletion must work in a full root.
-            self.recording(&dir_node, 0, make, |_| 0)
+            self.recording(&dir_node, 0, make, |_| Allocated::NONE)
         } else {
-            self.allocating(&dir_node, NEEDS_ROOM, 0, make, |_| 0)
+            let need = Need::Entry { inodes: 0 };
+            self.allocating(&dir_node, need, 0, make, |_| Allocated::NONE)
         }
     }
 
@@ -364,24 +353,17 @@ impl View {
                 }
             }
         }
-        let moving = self.plan_move(&src.node, &parent, &new_parent)?;
-        if exchange && moving.is_some() {
-            return Err(Errno::EXDEV);
-        }
-        let old_path = |node: &Arc<Node>| {
-            (node.is_dir() && !self.quotas.is_empty())
-                .then(|| self.rel_path(node))
-                .flatten()
-        };
-        let src_old_path = old_path(&src.node);
-        let dst_old_path = dst
-            .as_ref()
-            .filter(|_| exchange)
-            .and_then(|d| old_path(&d.node));
+        let exchanged = dst.as_ref().filter(|_| exchange).map(|d| &d.node);
+        let mut moving = self
+            .quota()
+            .plan_move(&src.node, &parent, &new_parent, exchanged)?;
         let src_dir = parent.dir_fds().local.ok_or(Errno::ESTALE)?;
         let dst_dir = self.ensure_local_dir(&new_parent)?;
-        let dst_root = self.quota_of(&new_parent);
-        let dst_before = dst_root.as_ref().map(|_| dir_blocks(dst_dir.as_fd()));
+        let dst_root = self.quota().under(&new_parent);
+        let dst_before = match dst_root.is_none() {
+            true => Allocated::NONE,
+            false => Allocated::at(dst_dir.as_fd()),
+        };
         let src_below = self.exists_below(&parent, name, &c)?;
         let dst_below = self.exists_below(&new_parent, new_name, &new_c)?;
         // Opaque before the move: a directory arriving over a hidden remote directory must
@@ -471,12 +453,12 @@ impl View {
         if dst_whiteout {
             self.charge_inodes(&new_parent, -1);
         }
-        if let Some(moving) = moving {
-            moving.commit();
-        }
-        if let (Some(root), Some(before)) = (&dst_root, dst_before) {
-            charge_new(root, dst_dir.as_fd(), before, 0, 0);
-        }
+        let arrived = Charge::Moved {
+            plan: &mut moving,
+            dir: dst_dir.as_fd(),
+            before: dst_before,
+        };
+        self.quota().charge(&dst_root, arrived);
         if exchange {
             if let Some(dst) = &dst {
                 let mut st = dst.node.state();
@@ -486,18 +468,18 @@ impl View {
         } else if let (Some(dst), Some(st)) = (&dst, replaced) {
             dst.node.state().remove_alias(new_parent.ino, new_name);
             self.name_gone(&st);
-            self.credit_removed(dst_root.clone(), &dst.node, &st);
+            self.quota().credit(Gone::Name {
+                from: &dst_root,
+                obj: &*dst.node,
+                st: &st,
+            });
         }
         {
             let mut st = src.node.state();
             st.remove_alias(parent.ino, name);
             st.add_alias(&new_parent, new_name);
         }
-        let mut moved = vec![(&src.node, src_old_path)];
-        if let Some(dst) = dst.as_ref().filter(|_| exchange) {
-            moved.push((&dst.node, dst_old_path));
-        }
-        self.renamed(&moved);
+        self.quota().renamed(moving);
         Ok(())
     }
 
@@ -518,7 +500,7 @@ impl View {
     /// something shows below, or just a whiteout over what is below.
     fn remove(&self, parent: &Arc<Node>, name: &OsStr, c: &CStr, node: &Node) -> Result<(), Errno> {
         let below = self.exists_below(parent, name, c)?;
-        let root = self.quota_of(parent);
+        let root = self.quota().under(parent);
         let fds = parent.dir_fds();
         if let Some(local) = fds.local() {
             if let Ok(st) = store::stat_at(local, c) {
@@ -539,7 +521,11 @@ impl View {
                     self.charge_inodes(parent, -(cleared as i64));
                     node.state().remove_alias(parent.ino, name);
                     self.name_gone(&st);
-                    self.credit_removed(root, node, &st);
+                    self.quota().credit(Gone::Name {
+                        from: &root,
+                        obj: node,
+                        st: &st,
+                    });
                     return Ok(());
                 }
             }
@@ -641,6 +627,73 @@ impl View {
         let st = store::stat_fd(dir)?;
         Ok((st.st_mode & libc::S_ISGID == 0).then(|| Gid::from_raw(caller.gid)))
     }
+
+    /// Runs `op`, which makes one new object in the directory `parent`, inside the quota
+    /// of `parent`: what `need` says must fit, and what the directory and the new object
+    /// (`made`) allocate is charged, plus `inodes` inodes.
+    fn allocating<T>(
+        &self,
+        parent: &Arc<Node>,
+        need: Need<'_>,
+        inodes: u64,
+        op: impl FnOnce() -> Result<T, Errno>,
+        made: impl FnOnce(&T) -> Allocated,
+    ) -> Result<T, Errno> {
+        self.charged(parent, Some(need), inodes, op, made)
+    }
+
+    /// Like [`View::allocating`], for calls that must work in a full root (the whiteouts
+    /// and links of a deletion, which take an inode and no data blocks): nothing is
+    /// reserved, what they allocate is still charged.
+    fn recording<T>(
+        &self,
+        parent: &Arc<Node>,
+        inodes: u64,
+        op: impl FnOnce() -> Result<T, Errno>,
+        made: impl FnOnce(&T) -> Allocated,
+    ) -> Result<T, Errno> {
+        self.charged(parent, None, inodes, op, made)
+    }
+
+    fn charged<T>(
+        &self,
+        parent: &Arc<Node>,
+        need: Option<Need<'_>>,
+        inodes: u64,
+        op: impl FnOnce() -> Result<T, Errno>,
+        made: impl FnOnce(&T) -> Allocated,
+    ) -> Result<T, Errno> {
+        let under = self.quota().under(parent);
+        if under.is_none() {
+            return op();
+        }
+        let room = need
+            .map(|need| self.quota().reserve(&under, need))
+            .transpose()?;
+        // Any copy-up of the directory is charged by itself, before "before".
+        let copy_up = match need {
+            Some(_) => Room::Reserve,
+            None => Room::Never,
+        };
+        let dir = self.local_dir_of(parent, copy_up)?;
+        let before = Allocated::at(dir.as_fd());
+        let out = op()?;
+        let change = Charge::Entry {
+            dir: dir.as_fd(),
+            before,
+            made: made(&out),
+            inodes,
+        };
+        self.quota().charge(&under, change);
+        drop(room);
+        Ok(out)
+    }
+
+    /// Counts `delta` more (or fewer) inodes under `node`'s root: whiteouts made or removed.
+    fn charge_inodes(&self, node: &Arc<Node>, delta: i64) {
+        self.quota()
+            .charge(&self.quota().under(node), Charge::Inodes(delta));
+    }
 }
 
 /// Makes the caller the owner of a new object where the daemon could not create it as the
@@ -675,12 +728,4 @@ fn give_to_caller(
         )?;
     }
     Ok(())
-}
-
-fn same_root(a: &Option<Arc<QuotaRoot>>, b: &Option<Arc<QuotaRoot>>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-        (None, None) => true,
-        _ => false,
-    }
 }

@@ -9,14 +9,16 @@
 use std::cell::{Cell, RefCell};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use nix::errno::Errno;
 use parking_lot::{Mutex, MutexGuard};
 
-use super::inodes::Identity;
+use super::inodes::{Identity, ROOT_INO};
 use super::zone::Zone;
-use crate::quota::table::QuotaRoot;
-use crate::store::Kind;
+use crate::quota::{Object, Opens, Tally};
+use crate::store::{self, Kind};
 
 /// Where an object's own data and attributes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,8 +41,8 @@ pub struct Node {
     state: Mutex<NodeState>,
     /// Serializes copy-ups of this node (other requests go on meanwhile).
     copying: Mutex<()>,
-    /// Serializes the quota measurements of this file (see `View::settle`).
-    settling: Mutex<()>,
+    /// Serializes the quota measurements of this file (see [`Object::measuring`]).
+    measuring: Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -62,13 +64,8 @@ pub struct NodeState {
     pub identities: Vec<Identity>,
     /// Known to carry no `security.capability` attribute (see `attrs`).
     pub no_capability: bool,
-    /// The quota root this node is under, and the quota generation that answer holds for
-    /// (see `quota`).
-    pub quota: Option<(u64, Option<Arc<QuotaRoot>>)>,
-    /// Files under a quota root: allocated bytes when last measured, and the quota
-    /// generation of that measurement (one taken before a root was set or cleared, or the
-    /// file moved, says nothing about what was charged since).
-    pub blocks: Option<(u64, u64)>,
+    /// What the quota accounting keeps on this node (see [`Object::tally`]).
+    pub quota: Tally,
     /// How many opens of this file are live.
     pub open_files: u32,
     /// How many of them do their I/O straight on local (FUSE passthrough), unseen by a
@@ -77,9 +74,6 @@ pub struct NodeState {
     /// How many passthrough opens may write: through a shared mapping, unseen by the
     /// daemon, so the kernel must not cache the attributes while there are any.
     pub mapped_writers: u32,
-    /// A file whose last name went while it was open: the root its space is credited to
-    /// at its last close.
-    pub orphan_of: Option<Arc<QuotaRoot>>,
 }
 
 impl Node {
@@ -90,16 +84,12 @@ impl Node {
             zone,
             state: Mutex::new(state),
             copying: Mutex::new(()),
-            settling: Mutex::new(()),
+            measuring: Mutex::new(()),
         }
     }
 
     pub fn copy_lock(&self) -> MutexGuard<'_, ()> {
         self.copying.lock()
-    }
-
-    pub fn settle_lock(&self) -> MutexGuard<'_, ()> {
-        self.settling.lock()
     }
 
     pub fn state(&self) -> MutexGuard<'_, NodeState> {
@@ -148,6 +138,54 @@ impl Node {
     }
 }
 
+impl Object for Node {
+    fn parent(&self) -> Option<Arc<Node>> {
+        self.primary().map(|(parent, _)| parent)
+    }
+
+    fn path(&self) -> Option<PathBuf> {
+        let mut names = Vec::new();
+        let mut at = self.primary();
+        while let Some((parent, name)) = at {
+            names.push(name);
+            if parent.ino == ROOT_INO {
+                return Some(names.iter().rev().collect());
+            }
+            at = parent.primary();
+        }
+        (self.ino == ROOT_INO).then(PathBuf::new)
+    }
+
+    fn is_dir(&self) -> bool {
+        self.kind == Kind::Dir
+    }
+
+    fn local_dir(&self) -> Option<Arc<OwnedFd>> {
+        if self.kind != Kind::Dir {
+            return None;
+        }
+        self.state().local.clone()
+    }
+
+    fn stat(&self) -> Result<libc::stat, Errno> {
+        let object = self.object().ok_or(Errno::ESTALE)?;
+        store::stat_fd(object.as_fd())
+    }
+
+    fn tally<T>(&self, f: impl FnOnce(&mut Tally, Opens) -> T) -> T {
+        let mut state = self.state();
+        let opens = Opens {
+            files: state.open_files,
+            passthrough: state.passthrough_opens,
+        };
+        f(&mut state.quota, opens)
+    }
+
+    fn measuring(&self) -> MutexGuard<'_, ()> {
+        self.measuring.lock()
+    }
+}
+
 impl NodeState {
     pub fn new(layer: Layer) -> NodeState {
         NodeState {
@@ -159,12 +197,10 @@ impl NodeState {
             link: None,
             identities: Vec::new(),
             no_capability: false,
-            quota: None,
-            blocks: None,
+            quota: Tally::default(),
             open_files: 0,
             passthrough_opens: 0,
             mapped_writers: 0,
-            orphan_of: None,
         }
     }
 

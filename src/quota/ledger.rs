@@ -1,0 +1,135 @@
+//! [`Ledger`]: the quota accounting of one mount, behind [`Accounting`].
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+
+use super::io::block_size;
+use super::roots::{self, QuotaError};
+use super::seam::{Accounting, Charge, Charged, Gone, Move, Need, Object, Reserved, Under};
+use super::table::{Limit, Quotas};
+use crate::report::QuotaInfo;
+
+/// The quota roots of a mount over the local tree, with their registry in it.
+#[derive(Debug)]
+pub struct Ledger {
+    pub(super) quotas: Quotas,
+    /// Local's root, where the registry is kept.
+    pub(super) local: Arc<OwnedFd>,
+    /// The block size of local's filesystem: what a new directory costs at least.
+    pub(super) block: u64,
+}
+
+impl Ledger {
+    /// No roots yet, over the local root `local` (stat'ed as `local_st`); allocations over
+    /// a limit will fail with `ENOSPC`.
+    pub fn new(local: Arc<OwnedFd>, local_st: &libc::stat) -> Ledger {
+        Ledger {
+            quotas: Quotas::new(Errno::ENOSPC),
+            local,
+            block: block_size(local_st),
+        }
+    }
+
+    /// Loads the roots from the registry in local and recounts their usage from disk, so
+    /// that a crash (whose last counts were never saved) leaves nothing wrong; before the
+    /// mount is served. `errno` is what allocations over a limit fail with, `ENOSPC` or
+    /// `EDQUOT`. Returns how many roots there are.
+    pub fn load(&mut self, errno: Errno) -> Result<usize, QuotaError> {
+        self.quotas = Quotas::new(errno);
+        roots::load(&self.quotas, self.local.as_fd())
+    }
+}
+
+impl<O: Object> Accounting<O> for Ledger {
+    fn under(&self, obj: &Arc<O>) -> Under {
+        Under(self.root_of(obj))
+    }
+
+    fn reserve(&self, under: &Under, need: Need<'_>) -> Result<Reserved, Errno> {
+        self.set_aside(under, need)
+    }
+
+    fn charge(&self, under: &Under, change: Charge<'_, O>) -> Charged {
+        let Some(root) = &under.0 else {
+            if let Charge::Moved { plan, .. } = change {
+                plan.commit();
+            }
+            return Charged::default();
+        };
+        let bytes = self.charge_to(root, change);
+        let (limit, usage) = (root.limit(), root.usage());
+        Charged {
+            bytes,
+            over: (usage.bytes > limit.bytes).then(|| root.exceeded()),
+        }
+    }
+
+    fn credit(&self, gone: Gone<'_, O>) {
+        match gone {
+            Gone::Name { from, obj, st } => self.credit_name(from, obj, st),
+            Gone::Open { obj, fd } => self.credit_close(obj, fd),
+        }
+    }
+
+    fn statfs(&self, under: &Under, mut st: libc::statvfs) -> libc::statvfs {
+        let Some(root) = &under.0 else {
+            return st;
+        };
+        let (limit, usage) = (root.limit(), root.usage());
+        // statvfs counts are 64-bit on every target layerfs builds for.
+        let unit = st.f_frsize.max(1);
+        let free = (limit.bytes.saturating_sub(usage.bytes) / unit).min(st.f_bavail);
+        st.f_blocks = limit.bytes / unit;
+        st.f_bfree = free;
+        st.f_bavail = free;
+        if let Some(inodes) = limit.inodes {
+            let free = inodes.saturating_sub(usage.inodes).min(st.f_ffree);
+            st.f_files = inodes;
+            st.f_ffree = free;
+            st.f_favail = free;
+        }
+        st
+    }
+
+    fn may_passthrough(&self, obj: &Arc<O>) -> bool {
+        self.root_of(obj).is_none()
+    }
+
+    fn plan_move(
+        &self,
+        obj: &Arc<O>,
+        from: &Arc<O>,
+        to: &Arc<O>,
+        exchanged: Option<&Arc<O>>,
+    ) -> Result<Move<O>, Errno> {
+        self.plan(obj, from, to, exchanged)
+    }
+
+    fn renamed(&self, plan: Move<O>) {
+        self.moved(plan)
+    }
+
+    fn root(&self, dir: &O) -> Option<QuotaInfo> {
+        self.own_root(dir).map(|r| r.info())
+    }
+
+    fn set(
+        &self,
+        dir: &Arc<O>,
+        local: impl FnOnce() -> Result<Arc<OwnedFd>, Errno>,
+        limit: Limit,
+        live: impl FnOnce() -> Vec<Arc<O>>,
+    ) -> Result<QuotaInfo, QuotaError> {
+        self.set_root(dir, local, limit, live)
+    }
+
+    fn clear(&self, dir: &O) -> Result<QuotaInfo, QuotaError> {
+        self.clear_root(dir)
+    }
+
+    fn list(&self) -> Vec<QuotaInfo> {
+        self.quotas.list().iter().map(|r| r.info()).collect()
+    }
+}

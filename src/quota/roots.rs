@@ -1,0 +1,245 @@
+//! Setting and clearing quota roots, and the registry of them saved in local and loaded
+//! at mount.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use tracing::{info, warn};
+
+use super::ledger::Ledger;
+use super::persist::{self, Registry};
+use super::scan;
+use super::seam::Object;
+use super::size::SizeError;
+use super::table::{Limit, QuotaRoot, Quotas};
+use crate::report::QuotaInfo;
+use crate::store;
+
+/// The attribute through which a runtime sets a directory's quota without our CLI.
+pub const QUOTA_XATTR: &[u8] = b"user.layerfs.quota";
+
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    #[error("{path}: {source}")]
+    Sys { path: String, source: Errno },
+    #[error("{path} is inside the quota root {root}; quota roots do not nest")]
+    Inside { path: String, root: String },
+    #[error("{path} contains the quota root {root}; quota roots do not nest")]
+    Contains { path: String, root: String },
+    #[error("{path} is not a quota root")]
+    NotRoot { path: String },
+    #[error(
+        "{file} is open with FUSE passthrough, whose writes a quota on {path} could not \
+         count; close it, or set quotas before files are opened"
+    )]
+    Busy { path: String, file: String },
+    #[error(transparent)]
+    Size(#[from] SizeError),
+    #[error("saving the quota registry: {0}")]
+    Save(#[from] persist::RegistryError),
+}
+
+impl QuotaError {
+    /// The errno the xattr interface answers with.
+    pub fn errno(&self) -> Errno {
+        match self {
+            QuotaError::Sys { source, .. } => *source,
+            QuotaError::Inside { .. } | QuotaError::Contains { .. } | QuotaError::Busy { .. } => {
+                Errno::EBUSY
+            }
+            QuotaError::NotRoot { .. } => Errno::ENODATA,
+            QuotaError::Size(_) => Errno::EINVAL,
+            QuotaError::Save(_) => Errno::EIO,
+        }
+    }
+}
+
+impl Ledger {
+    /// See [`super::Accounting::set`].
+    pub(super) fn set_root<O: Object>(
+        &self,
+        dir: &Arc<O>,
+        local: impl FnOnce() -> Result<Arc<OwnedFd>, Errno>,
+        limit: Limit,
+        live: impl FnOnce() -> Vec<Arc<O>>,
+    ) -> Result<QuotaInfo, QuotaError> {
+        let path = dir.path().unwrap_or_default();
+        let shown = path.display().to_string();
+        let sys = |source| QuotaError::Sys {
+            path: shown.clone(),
+            source,
+        };
+        if !dir.is_dir() {
+            return Err(sys(Errno::ENOTDIR));
+        }
+        let local = local().map_err(sys)?;
+        let st = store::stat_fd(local.as_fd()).map_err(sys)?;
+        let root = {
+            let _changes = self.quotas.lock_changes();
+            if let Some(root) = self.own_root(&**dir) {
+                root.set_limit(limit);
+                self.save()?;
+                info!(path = %shown, limit = limit.bytes, "quota changed");
+                return Ok(root.info());
+            }
+            if let Some(above) = dir.parent().and_then(|p| self.root_of(&p)) {
+                return Err(QuotaError::Inside {
+                    path: shown,
+                    root: above.path().display().to_string(),
+                });
+            }
+            if let Some(below) = self.quotas.roots_under(&path).first() {
+                return Err(QuotaError::Contains {
+                    path: shown,
+                    root: below.path().display().to_string(),
+                });
+            }
+            let root = Arc::new(QuotaRoot::new(
+                st.st_dev,
+                st.st_ino,
+                path.clone(),
+                limit,
+                Default::default(),
+                self.quotas.errno(),
+            ));
+            self.quotas.insert(root.clone());
+            root
+        };
+        let withdraw = |e: QuotaError| {
+            let _changes = self.quotas.lock_changes();
+            self.quotas.remove(st.st_dev, st.st_ino);
+            e
+        };
+        // Writes that bypass the daemon could not be counted.
+        if let Some(file) = passthrough_open_under(live(), &path) {
+            return Err(withdraw(QuotaError::Busy {
+                path: shown,
+                file: file.display().to_string(),
+            }));
+        }
+        let usage = scan::usage(local.as_fd()).map_err(|e| withdraw(sys(e)))?;
+        root.charge(usage.bytes as i64);
+        root.charge_inodes(usage.inodes as i64);
+        {
+            let _changes = self.quotas.lock_changes();
+            if let Err(e) = self.save() {
+                self.quotas.remove(st.st_dev, st.st_ino);
+                return Err(e);
+            }
+        }
+        info!(path = %shown, limit = limit.bytes, used = usage.bytes, "quota set");
+        Ok(root.info())
+    }
+
+    /// See [`super::Accounting::clear`].
+    pub(super) fn clear_root<O: Object>(&self, dir: &O) -> Result<QuotaInfo, QuotaError> {
+        let _changes = self.quotas.lock_changes();
+        let path = dir.path().unwrap_or_default().display().to_string();
+        let root = self
+            .own_root(dir)
+            .ok_or(QuotaError::NotRoot { path: path.clone() })?;
+        self.quotas.remove(root.dev, root.ino);
+        self.save()?;
+        info!(path = %path, "quota cleared");
+        Ok(root.info())
+    }
+
+    /// Writes the registry of roots to local; only under the change lock.
+    pub(super) fn save(&self) -> Result<(), QuotaError> {
+        save(&self.quotas, self.local.as_fd())
+    }
+}
+
+/// A file among `live` under `dir` that is open with FUSE passthrough.
+fn passthrough_open_under<O: Object>(live: Vec<Arc<O>>, dir: &Path) -> Option<PathBuf> {
+    live.iter()
+        .filter(|o| o.tally(|_, opens| opens.passthrough > 0))
+        .filter_map(|o| o.path())
+        .find(|p| p.starts_with(dir))
+}
+
+/// Writes the registry of `quotas` to the local root `local`.
+fn save(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<(), QuotaError> {
+    let registry = Registry {
+        version: 1,
+        roots: quotas
+            .list()
+            .iter()
+            .map(|r| {
+                let (limit, usage) = (r.limit(), r.usage());
+                persist::Entry {
+                    path: r.path(),
+                    limit: limit.bytes,
+                    inode_limit: limit.inodes,
+                    used: usage.bytes,
+                    inodes_used: usage.inodes,
+                }
+            })
+            .collect(),
+    };
+    Ok(persist::save(local, &registry)?)
+}
+
+/// Loads the registry in the local root `local` into `quotas` and recounts every root's
+/// usage from disk, so that a crash (whose last counts were never saved) leaves nothing
+/// wrong. A root whose directory is gone loses its quota, with a warning. Returns how many
+/// roots there are.
+pub(super) fn load(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<usize, QuotaError> {
+    let registry = persist::load(local)?;
+    let mut dropped = false;
+    for entry in &registry.roots {
+        let shown = entry.path.display().to_string();
+        let found = open_local_dir(local, &entry.path).and_then(|fd| {
+            let st = store::stat_fd(fd.as_fd())?;
+            Ok((st, scan::usage(fd.as_fd())?))
+        });
+        let (st, usage) = match found {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(path = %shown, error = %e, "quota root is gone from local; its quota is dropped");
+                dropped = true;
+                continue;
+            }
+        };
+        if usage.bytes != entry.used || usage.inodes != entry.inodes_used {
+            info!(
+                path = %shown,
+                saved = entry.used,
+                counted = usage.bytes,
+                "quota usage recounted from disk"
+            );
+        }
+        quotas.insert(Arc::new(QuotaRoot::new(
+            st.st_dev,
+            st.st_ino,
+            entry.path.clone(),
+            Limit {
+                bytes: entry.limit,
+                inodes: entry.inode_limit,
+            },
+            usage,
+            quotas.errno(),
+        )));
+    }
+    if dropped {
+        save(quotas, local)?;
+    }
+    Ok(quotas.list().len())
+}
+
+/// Opens a directory of local by its relative path, never following a symlink.
+fn open_local_dir(root: BorrowedFd<'_>, path: &Path) -> Result<OwnedFd, Errno> {
+    let mut fd = store::reopen(
+        root,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
+    )?;
+    for part in path.components() {
+        let Component::Normal(name) = part else {
+            return Err(Errno::EINVAL);
+        };
+        fd = store::open_dir_at(fd.as_fd(), &store::cname(name)?)?;
+    }
+    Ok(fd)
+}
