@@ -128,7 +128,7 @@ fn quota_figures(root: &Path, dir: &Path) -> Result<QuotaInfo, Error> {
 pub fn walk(dir: &Path) -> Result<Usage, Error> {
     let fd = layerfs::store::open_root(dir)
         .map_err(|e| Error::io(format!("opening {}", dir.display()), e.into()))?;
-    let usage = layerfs::quota::scan::usage(fd.as_fd())
+    let usage = layerfs::quota::measure(fd.as_fd())
         .map_err(|e| Error::io(format!("measuring {}", dir.display()), e.into()))?;
     Ok(Usage {
         size: usage.bytes,

@@ -48,4 +48,11 @@ pub use roots::{QuotaError, QUOTA_XATTR};
 pub use seam::{
     Accounting, Allocated, Charge, Charged, Gone, Move, Need, Object, Opens, Reserved, Tally, Under,
 };
-pub use table::Limit;
+pub use table::{Limit, Usage};
+
+/// What the tree under `dir` uses, counted as a quota root's usage is (allocated bytes and
+/// inodes, hard links once, never leaving its filesystem): for tools that measure a
+/// directory the way a quota would, such as the containerd snapshotter's Usage.
+pub fn measure(dir: std::os::fd::BorrowedFd<'_>) -> Result<Usage, nix::errno::Errno> {
+    scan::usage(dir)
+}
