@@ -5,10 +5,14 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// Removes `path` and everything under it. Entries that vanish meanwhile are fine.
+/// Removes `path` and everything under it. What is already gone, or goes meanwhile (a
+/// Cleanup and a Remove may race for one directory), is fine.
 pub fn remove(path: &Path) -> io::Result<()> {
-    if !fs::symlink_metadata(path)?.is_dir() {
-        return gone_is_fine(fs::remove_file(path));
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(meta) if !meta.is_dir() => return gone_is_fine(fs::remove_file(path)),
+        Ok(_) => {}
     }
     // (directory, whether its entries are already gone)
     let mut stack: Vec<(PathBuf, bool)> = vec![(path.to_owned(), false)];
@@ -64,6 +68,6 @@ mod tests {
         remove(&top).unwrap();
         assert!(!top.exists());
         assert!(keep.join("f").exists());
-        remove(&tmp.path().join("missing")).unwrap_err();
+        remove(&tmp.path().join("missing")).unwrap();
     }
 }
