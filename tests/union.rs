@@ -9,6 +9,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use common::*;
+use nix::sys::stat::{makedev, SFlag};
 
 /// `d_type` of every entry of a directory as readdir returns it, `.` and `..` included.
 /// `None` is `DT_UNKNOWN`.
@@ -25,22 +26,6 @@ fn raw_dtypes(dir: &Path) -> BTreeMap<String, Option<nix::dir::Type>> {
             (e.file_name().to_string_lossy().into_owned(), e.file_type())
         })
         .collect()
-}
-
-fn assert_no_temp_names(root: &Path) {
-    for e in fs::read_dir(root).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name().to_string_lossy().into_owned();
-        assert!(
-            !name.starts_with(".layerfs-tmp."),
-            "temporary {} left in {}",
-            name,
-            root.display()
-        );
-        if e.file_type().unwrap().is_dir() {
-            assert_no_temp_names(&e.path());
-        }
-    }
 }
 
 // ---- lookup order and merged readdir ----
@@ -62,10 +47,7 @@ fn remote_file_shows_through() {
 #[test]
 fn local_file_shadows_the_remote_one() {
     let m = Mount::with(Options::default(), |remote| {
-        let local = local_beside(remote)
-            .join("overlay/RO")
-            .join(id("L1"))
-            .join("diff/etc");
+        let local = diff_in(&local_beside(remote), "L1").join("etc");
         fs::create_dir_all(&local).unwrap();
         fs::write(local.join("hostname"), "from-local\n").unwrap();
     });
@@ -98,55 +80,23 @@ fn directories_in_both_trees_merge() {
 #[test]
 fn readdir_reports_every_type_and_the_dots() {
     let m = Mount::with(Options::default(), |remote| {
-        let d = remote.join("overlay/RO").join(id("L1")).join("diff/types");
+        let d = diff_in(remote, "L1").join("types");
         fs::create_dir(&d).unwrap();
         fs::write(d.join("r-file"), "f").unwrap();
         fs::create_dir(d.join("r-dir")).unwrap();
         std::os::unix::fs::symlink("r-file", d.join("r-link")).unwrap();
-        nix::unistd::mkfifo(
-            &d.join("r-fifo"),
-            nix::sys::stat::Mode::from_bits_truncate(0o644),
-        )
-        .unwrap();
-        nix::sys::stat::mknod(
-            &d.join("r-chr"),
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o644),
-            nix::sys::stat::makedev(1, 3),
-        )
-        .unwrap();
-        nix::sys::stat::mknod(
-            &d.join("r-blk"),
-            nix::sys::stat::SFlag::S_IFBLK,
-            nix::sys::stat::Mode::from_bits_truncate(0o644),
-            nix::sys::stat::makedev(7, 0),
-        )
-        .unwrap();
+        mkfifo(&d.join("r-fifo"));
+        mknod(&d.join("r-chr"), SFlag::S_IFCHR, 0o644, makedev(1, 3));
+        mknod(&d.join("r-blk"), SFlag::S_IFBLK, 0o644, makedev(7, 0));
         // A socket inode without a listener (bind(2) paths are too short for temp dirs).
-        nix::sys::stat::mknod(
-            &d.join("r-sock"),
-            nix::sys::stat::SFlag::S_IFSOCK,
-            nix::sys::stat::Mode::from_bits_truncate(0o644),
-            0,
-        )
-        .unwrap();
+        mknod(&d.join("r-sock"), SFlag::S_IFSOCK, 0o644, 0);
     });
     let d = m.diff("L1").join("types");
     fs::write(d.join("l-file"), "f").unwrap();
     fs::create_dir(d.join("l-dir")).unwrap();
     std::os::unix::fs::symlink("l-file", d.join("l-link")).unwrap();
-    nix::unistd::mkfifo(
-        &d.join("l-fifo"),
-        nix::sys::stat::Mode::from_bits_truncate(0o644),
-    )
-    .unwrap();
-    nix::sys::stat::mknod(
-        &d.join("l-chr"),
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o644),
-        nix::sys::stat::makedev(1, 5),
-    )
-    .unwrap();
+    mkfifo(&d.join("l-fifo"));
+    mknod(&d.join("l-chr"), SFlag::S_IFCHR, 0o644, makedev(1, 5));
 
     use nix::dir::Type;
     let want: BTreeMap<&str, Type> = [
@@ -177,7 +127,7 @@ fn readdir_reports_every_type_and_the_dots() {
     assert!(md.file_type().is_socket());
     let md = fs::symlink_metadata(d.join("r-chr")).unwrap();
     assert!(md.file_type().is_char_device());
-    assert_eq!(md.rdev(), nix::sys::stat::makedev(1, 3));
+    assert_eq!(md.rdev(), makedev(1, 3));
     // The layout's own dirs too.
     for dir in [
         m.mnt.clone(),
@@ -363,18 +313,9 @@ fn a_file_recreated_over_a_whiteout_shows_new_content() {
 #[test]
 fn whiteouts_prepared_in_local_hide_remote_entries() {
     let m = Mount::with(Options::default(), |remote| {
-        let etc = local_beside(remote)
-            .join("overlay/RO")
-            .join(id("L1"))
-            .join("diff/etc");
+        let etc = diff_in(&local_beside(remote), "L1").join("etc");
         fs::create_dir_all(&etc).unwrap();
-        nix::sys::stat::mknod(
-            &etc.join("passwd"),
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::empty(),
-            0,
-        )
-        .unwrap();
+        mknod(&etc.join("passwd"), SFlag::S_IFCHR, 0, 0);
         let usr = etc.parent().unwrap().join("usr");
         fs::create_dir_all(usr.join("share")).unwrap();
         xattr_set(&usr.join("share"), "trusted.overlay.opaque", b"y").unwrap();
@@ -394,10 +335,7 @@ fn deleting_a_synthesized_link_hides_it_locally() {
     let m = Mount::new();
     let l1 = id("L1");
     let link = m.path("overlay").join(&l1);
-    assert!(fs::symlink_metadata(&link)
-        .unwrap()
-        .file_type()
-        .is_symlink());
+    assert!(is_symlink(&link));
     fs::remove_file(&link).unwrap();
     assert_eq!(errno_of(fs::symlink_metadata(&link)), libc::ENOENT);
     assert!(!names(&m.path("overlay")).contains(&l1));
@@ -475,10 +413,7 @@ fn synthesized_links_are_symlinks_to_the_layer() {
     let m = Mount::new();
     let l1 = id("L1");
     let link = m.path("overlay").join(&l1);
-    assert!(fs::symlink_metadata(&link)
-        .unwrap()
-        .file_type()
-        .is_symlink());
+    assert!(is_symlink(&link));
     assert!(fs::metadata(&link).unwrap().is_dir());
     assert_eq!(dtypes(&m.path("overlay"))[&l1], "link");
     assert_eq!(dtypes(&m.path("overlay/RO"))[&l1], "dir");
@@ -620,7 +555,7 @@ fn our_temporary_names_cannot_be_created_or_seen() {
     let m = Mount::with(Options::default(), |remote| {
         let local = local_beside(remote);
         ours = format!(".layerfs-tmp.{:x}.", fs::metadata(&local).unwrap().ino());
-        let etc = local.join("overlay/RO").join(id("L1")).join("diff/etc");
+        let etc = diff_in(&local, "L1").join("etc");
         fs::create_dir_all(&etc).unwrap();
         fs::write(etc.join(format!("{ours}left-over")), "half").unwrap();
     });

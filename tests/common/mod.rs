@@ -205,17 +205,17 @@ impl Mount {
 
     /// The `diff/` dir of a fixture layer, through the view.
     pub fn diff(&self, label: &str) -> PathBuf {
-        self.mnt.join("overlay/RO").join(id(label)).join("diff")
+        diff_in(&self.mnt, label)
     }
 
     /// The same, in local.
     pub fn local_diff(&self, label: &str) -> PathBuf {
-        self.local.join("overlay/RO").join(id(label)).join("diff")
+        diff_in(&self.local, label)
     }
 
     /// The same, in the remote copy.
     pub fn remote_diff(&self, label: &str) -> PathBuf {
-        self.remote.join("overlay/RO").join(id(label)).join("diff")
+        diff_in(&self.remote, label)
     }
 }
 
@@ -460,6 +460,36 @@ pub fn drop_caches() {
 /// From the remote copy `prepare` gets to the local dir of the same mount.
 pub fn local_beside(remote: &Path) -> PathBuf {
     remote.parent().expect("remote has a parent").join("local")
+}
+
+/// The `diff/` dir of a fixture layer in the tree at `root`, for `prepare` to seed.
+pub fn diff_in(root: &Path, label: &str) -> PathBuf {
+    root.join("overlay/RO").join(id(label)).join("diff")
+}
+
+/// Makes a special file (`kind` is `S_IFCHR`, `S_IFBLK` or `S_IFSOCK`) with mode `perm`.
+pub fn mknod(path: &Path, kind: nix::sys::stat::SFlag, perm: u32, dev: nix::libc::dev_t) {
+    nix::sys::stat::mknod(
+        path,
+        kind,
+        nix::sys::stat::Mode::from_bits_truncate(perm),
+        dev,
+    )
+    .unwrap_or_else(|e| panic!("mknod {}: {e}", path.display()));
+}
+
+/// Makes a FIFO with mode 0644.
+pub fn mkfifo(path: &Path) {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o644))
+        .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
+}
+
+/// Whether `path` itself, not what it points to, is a symlink.
+pub fn is_symlink(path: &Path) -> bool {
+    fs::symlink_metadata(path)
+        .unwrap_or_else(|e| panic!("lstat {}: {e}", path.display()))
+        .file_type()
+        .is_symlink()
 }
 
 // ---- Helpers for mounts over arbitrary trees (CLI and remote-safety tests) ----
