@@ -225,6 +225,14 @@ impl Layer {
         }
     }
 
+    /// Three layers, each the parent of the next.
+    fn chain(labels: [&str; 3]) -> [Layer; 3] {
+        let a = Layer::base(labels[0]);
+        let b = Layer::child(labels[1], &a);
+        let c = Layer::child(labels[2], &b);
+        [a, b, c]
+    }
+
     fn overlay(&self) -> String {
         format!("overlay/RO/{}", self.id)
     }
@@ -615,6 +623,17 @@ fn refs(layers: &[&Layer], images: &[&Image]) -> BTreeSet<String> {
 }
 
 /// The reason `status` gives for a not-ready object, if it lists it.
+/// The entry `images --json` prints for image `id`, if it lists one.
+fn cli_image(m: &Mount, id: &str) -> Option<Value> {
+    let out = cli(&["images", "--json"], &m.mnt);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == id)
+        .cloned()
+}
+
 fn not_ready_reason(status: &Value, kind: &str, id: &str) -> Option<String> {
     status["last_round"]["not_ready"]
         .as_array()
@@ -669,6 +688,16 @@ fn assert_links_resolve(m: &Mount) {
 /// Checks the whole remote part of the view: exactly the fixture's ready objects plus
 /// `visible` of the scenario's are served, with their links, metadata and content; the
 /// scenario's other objects are nowhere; no link dangles.
+/// Checks that both per-layer directories list exactly the layers `ids`.
+fn assert_layer_dirs(m: &Mount, ids: &[String]) {
+    assert_eq!(names(&m.path("overlay/RO")), ids, "overlay/RO");
+    assert_eq!(
+        names(&m.path("overlay-layers/RO")),
+        ids,
+        "overlay-layers/RO"
+    );
+}
+
 fn expect_view(m: &Mount, layers: &[&Layer], images: &[&Image], visible: &[&str]) {
     for label in visible {
         assert!(
@@ -700,12 +729,7 @@ fn expect_view(m: &Mount, layers: &[&Layer], images: &[&Image], visible: &[&str]
                 .collect(),
         )
     };
-    assert_eq!(names(&m.path("overlay/RO")), ids, "overlay/RO");
-    assert_eq!(
-        names(&m.path("overlay-layers/RO")),
-        ids,
-        "overlay-layers/RO"
-    );
+    assert_layer_dirs(m, &ids);
     assert_eq!(names(&m.path("overlay")), with(&["RO", "l"]), "overlay");
     assert_eq!(
         names(&m.path("overlay-layers")),
@@ -846,9 +870,7 @@ fn warm(m: &Mount, layers: &[&Layer], images: &[&Image]) {
 #[test]
 fn a_pull_written_at_once_appears_after_one_round() {
     let mut m = mount();
-    let a = Layer::base("pull-a");
-    let b = Layer::child("pull-b", &a);
-    let c = Layer::child("pull-c", &b);
+    let [a, b, c] = Layer::chain(["pull-a", "pull-b", "pull-c"]);
     let top = Image::on("pull-top", &c, &["registry.example/pull:2"]);
     let mid = Image::on("pull-mid", &b, &["registry.example/pull:1"]);
     let (layers, images) = ([&a, &b, &c], [&top, &mid]);
@@ -883,14 +905,7 @@ fn a_pull_written_at_once_appears_after_one_round() {
             "{entry}"
         );
     }
-    let images_out = cli(&["images", "--json"], &m.mnt);
-    let listed_images: Value = serde_json::from_slice(&images_out.stdout).unwrap();
-    let names_of_top = listed_images
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["id"] == top.id.as_str())
-        .map(|i| i["names"].clone());
+    let names_of_top = cli_image(&m, &top.id).map(|i| i["names"].clone());
     assert_eq!(
         names_of_top,
         Some(serde_json::json!(["registry.example/pull:2"]))
@@ -1117,9 +1132,7 @@ fn a_child_layer_appears_once_its_lower_is_written() {
 #[test]
 fn a_missing_middle_layer_hides_its_descendants_until_it_arrives() {
     let mut m = mount();
-    let l = Layer::base("chain-l");
-    let mid = Layer::child("chain-m", &l);
-    let n = Layer::child("chain-n", &mid);
+    let [l, mid, n] = Layer::chain(["chain-l", "chain-m", "chain-n"]);
     let on_n = Image::on("chain-img-n", &n, &["chain:n"]);
     let on_l = Image::on("chain-img-l", &l, &["chain:l"]);
     let (layers, images) = ([&l, &mid, &n], [&on_n, &on_l]);
@@ -1400,9 +1413,7 @@ fn an_image_removal_step_by_step_never_leaves_a_dangling_link() {
 #[test]
 fn a_layer_removed_under_an_image_makes_the_image_not_ready() {
     let mut m = mount();
-    let l = Layer::base("needed-l");
-    let mid = Layer::child("needed-m", &l);
-    let n = Layer::child("needed-n", &mid);
+    let [l, mid, n] = Layer::chain(["needed-l", "needed-m", "needed-n"]);
     let img = Image::on("needed-img", &n, &["needed:latest"]);
     let (layers, images) = ([&l, &mid, &n], [&img]);
     writer(
@@ -1472,14 +1483,7 @@ fn a_retag_reaches_the_view_with_fresh_size_and_data() {
         held.read_to_end(&mut old).unwrap();
         assert_eq!(old, before);
     }
-    let out = cli(&["images", "--json"], &m.mnt);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let entry = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["id"] == img.id.as_str())
-        .cloned();
+    let entry = cli_image(&m, &img.id);
     assert_eq!(
         entry.map(|e| e["names"].clone()),
         Some(serde_json::json!(["r:4"]))
@@ -1890,12 +1894,7 @@ fn an_unreachable_remote_keeps_the_last_good_view() {
             .chain([l.id.clone()])
             .collect(),
     );
-    assert_eq!(names(&m.path("overlay/RO")), ids, "overlay/RO");
-    assert_eq!(
-        names(&m.path("overlay-layers/RO")),
-        ids,
-        "overlay-layers/RO"
-    );
+    assert_layer_dirs(&m, &ids);
     assert!(
         names(&m.path("overlay-images")).contains(&img.id),
         "overlay-images"
