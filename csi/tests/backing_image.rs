@@ -345,26 +345,32 @@ impl Clients {
         }
     }
 
-    async fn publish_block(&mut self, volume: &str, target: &Path) {
+    /// NodePublishVolume of `volume` at `target` with the capability `cap`.
+    async fn publish(
+        &mut self,
+        volume: &str,
+        target: &Path,
+        cap: VolumeCapability,
+    ) -> Result<(), tonic::Status> {
         self.node
             .node_publish_volume(NodePublishVolumeRequest {
                 volume_id: volume.into(),
                 target_path: target.to_string_lossy().into_owned(),
-                volume_capability: Some(block_cap()),
+                volume_capability: Some(cap),
                 ..Default::default()
             })
+            .await
+            .map(|_| ())
+    }
+
+    async fn publish_block(&mut self, volume: &str, target: &Path) {
+        self.publish(volume, target, block_cap())
             .await
             .expect("NodePublishVolume (block)");
     }
 
     async fn publish_mount(&mut self, volume: &str, target: &Path) {
-        self.node
-            .node_publish_volume(NodePublishVolumeRequest {
-                volume_id: volume.into(),
-                target_path: target.to_string_lossy().into_owned(),
-                volume_capability: Some(mount_cap()),
-                ..Default::default()
-            })
+        self.publish(volume, target, mount_cap())
             .await
             .expect("NodePublishVolume (mount)");
     }
@@ -1469,13 +1475,7 @@ async fn publish_never_formats_when_blkid_fails() {
 
     fs::write(&flag, b"").unwrap();
     let err = c
-        .node
-        .node_publish_volume(NodePublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            target_path: target.to_string_lossy().into_owned(),
-            volume_capability: Some(mount_cap()),
-            ..Default::default()
-        })
+        .publish(&vol.volume_id, &target, mount_cap())
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
