@@ -569,23 +569,6 @@ fn f_type(path: &Path) -> i64 {
         .0 as i64
 }
 
-/// `d_type`s as readdir reports them, with `None` for `DT_UNKNOWN`.
-fn raw_dtypes(dir: &Path) -> Vec<(String, Option<nix::dir::Type>)> {
-    let mut d = nix::dir::Dir::open(
-        dir,
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
-        nix::sys::stat::Mode::empty(),
-    )
-    .unwrap();
-    d.iter()
-        .map(|e| {
-            let e = e.unwrap();
-            (e.file_name().to_string_lossy().into_owned(), e.file_type())
-        })
-        .filter(|(n, _)| n != "." && n != "..")
-        .collect()
-}
-
 /// A container layer as iSulad's overlay2 driver makes one, on the image's layers, mounted
 /// at `overlay/<cid>/merged`. Returns that path.
 fn container_layer(root: &Path, cid: &str, lowers: &[&str]) -> PathBuf {
@@ -656,7 +639,7 @@ fn isulad_layout_exposed_on_a_regular_filesystem() {
     for (name, t) in &listed {
         assert!(t.is_some(), "DT_UNKNOWN for {name} in {}", home.display());
     }
-    let of = |name: &str| listed.iter().find(|(n, _)| n == name).map(|(_, t)| *t);
+    let of = |name: &str| listed.get(name).copied();
     assert_eq!(of(BB_LAYER), Some(Some(nix::dir::Type::Symlink)));
     assert_eq!(of("RO"), Some(Some(nix::dir::Type::Directory)));
     assert_eq!(of("l"), Some(Some(nix::dir::Type::Directory)));

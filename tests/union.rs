@@ -11,23 +11,6 @@ use std::path::Path;
 use common::*;
 use nix::sys::stat::{makedev, SFlag};
 
-/// `d_type` of every entry of a directory as readdir returns it, `.` and `..` included.
-/// `None` is `DT_UNKNOWN`.
-fn raw_dtypes(dir: &Path) -> BTreeMap<String, Option<nix::dir::Type>> {
-    let mut d = nix::dir::Dir::open(
-        dir,
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
-        nix::sys::stat::Mode::empty(),
-    )
-    .unwrap();
-    d.iter()
-        .map(|e| {
-            let e = e.unwrap();
-            (e.file_name().to_string_lossy().into_owned(), e.file_type())
-        })
-        .collect()
-}
-
 // ---- lookup order and merged readdir ----
 
 #[test]

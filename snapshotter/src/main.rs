@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use layerfs::control::quota_backend;
 use layerfs_snapshotter::api::snapshots::snapshots_server::SnapshotsServer;
 use layerfs_snapshotter::service::Service;
 use layerfs_snapshotter::{Config, Snapshots};
@@ -48,7 +49,10 @@ fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
-    let view = args.view.clone().or_else(|| layerfs_mount_of(&args.root));
+    let view = args
+        .view
+        .clone()
+        .or_else(|| quota_backend::layerfs_mount_of(&args.root));
     let config = Config {
         root: args.root.clone(),
         view: view.clone(),
@@ -128,10 +132,4 @@ async fn stop() {
         _ = int.recv() => {}
     }
     tracing::info!("stopping");
-}
-
-/// The layerfs mount that `path` lies in, if any.
-fn layerfs_mount_of(path: &Path) -> Option<PathBuf> {
-    let backend = layerfs::control::quota_backend::backend_for(path);
-    (backend.name() == "layerfs").then(|| backend.root().to_owned())
 }

@@ -65,9 +65,9 @@ pub struct Info {
 impl Snapshots {
     /// Opens (or starts) the snapshotter at `config.root`, and removes what a crash left.
     pub fn open(config: &Config) -> Result<Snapshots, Error> {
-        let dirs = Dirs::new(&config.root);
-        fs::create_dir_all(dirs.snapshots())
-            .map_err(|e| Error::io(format!("creating {}", dirs.snapshots().display()), e))?;
+        let made = config.root.join("snapshots");
+        fs::create_dir_all(&made)
+            .map_err(|e| Error::io(format!("creating {}", made.display()), e))?;
         let root = fs::canonicalize(&config.root)
             .map_err(|e| Error::io(format!("resolving {}", config.root.display()), e))?;
         let view = config

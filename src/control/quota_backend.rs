@@ -95,6 +95,12 @@ pub fn backend_for(path: &Path) -> Box<dyn Snapshotter> {
     }
 }
 
+/// The layerfs mount `path` is in, when the deepest mount containing it is one.
+pub fn layerfs_mount_of(path: &Path) -> Option<PathBuf> {
+    let resolved = mountinfo::resolve_mountpoint(path);
+    layerfs_mount_containing(&mountinfo::current(), &resolved)
+}
+
 /// Whether the mount on top at exactly `mountpoint` (the last one listed there) is layerfs.
 fn top_mount_is_layerfs(mounts: &[Mount], mountpoint: &Path) -> bool {
     mounts

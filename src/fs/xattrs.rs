@@ -45,7 +45,7 @@ impl Core {
     /// stale mode into its own inode at its next lookup, refusing callers the new mode lets
     /// in. Expiring the node's names makes that lookup fetch the attributes again.
     fn mode_may_have_changed(&self, node: &Arc<Node>, name: &OsStr) {
-        if std::os::unix::ffi::OsStrExt::as_bytes(name) == b"system.posix_acl_access" {
+        if std::os::unix::ffi::OsStrExt::as_bytes(name) == crate::view::attrs::ACCESS_ACL {
             for (parent, name) in self.view.names_of(node) {
                 self.notices.expire_name(parent, name);
             }

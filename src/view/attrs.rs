@@ -24,7 +24,7 @@ use crate::store::{self, xattr, Kind};
 /// an object's attributes goes through the view.
 const CAPABILITY: &[u8] = b"security.capability";
 /// A file's access ACL, whose setting also sets the mode.
-const ACCESS_ACL: &[u8] = b"system.posix_acl_access";
+pub const ACCESS_ACL: &[u8] = b"system.posix_acl_access";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Time {

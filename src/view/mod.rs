@@ -605,9 +605,9 @@ impl View {
                 state.aliases.clone()
             };
             for (parent, name) in aliases {
+                // A directory whose path cannot be told (its names are going) is kept.
                 let under_a_mount = !pinned.is_empty()
-                    && self
-                        .path_of(&parent)
+                    && crate::quota::Object::path(&*parent)
                         .is_none_or(|dir| pinned.contains(&dir.join(&name)));
                 if !under_a_mount {
                     names.push((parent.ino, name));
@@ -625,23 +625,6 @@ impl View {
             .iter()
             .map(|(p, name)| (p.ino, name.clone()))
             .collect()
-    }
-
-    /// The path of `node` from the root of the view, by first names; `None` when some node
-    /// on the way has no name left (the kernel is forgetting it) or the way is deeper than
-    /// any path can be.
-    pub fn path_of(&self, node: &Arc<Node>) -> Option<PathBuf> {
-        let mut names = Vec::new();
-        let mut at = node.clone();
-        while at.ino != ROOT_INO {
-            if names.len() > libc::PATH_MAX as usize / 2 {
-                return None;
-            }
-            let (parent, name) = at.state().aliases.first().cloned()?;
-            names.push(name);
-            at = parent;
-        }
-        Some(names.iter().rev().collect())
     }
 
     /// Opens a node's object as it is now (after a copy-up: the copy) with `flags`.

@@ -353,6 +353,23 @@ pub fn names(dir: &Path) -> Vec<String> {
 }
 
 /// Names and `d_type`s of a directory, via readdir (not stat).
+/// `d_type` of every entry of a directory as readdir returns it, `.` and `..` included.
+/// `None` is `DT_UNKNOWN`.
+pub fn raw_dtypes(dir: &Path) -> BTreeMap<String, Option<nix::dir::Type>> {
+    let mut d = nix::dir::Dir::open(
+        dir,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    d.iter()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), e.file_type())
+        })
+        .collect()
+}
+
 pub fn dtypes(dir: &Path) -> BTreeMap<String, &'static str> {
     fs::read_dir(dir)
         .unwrap()
