@@ -18,6 +18,9 @@ pub struct Options {
     pub transports: Vec<Transport>,
 }
 
+/// Requests per operation below which a row says nothing about the transport.
+const MIN_REQUESTS_TO_DECIDE: f64 = 0.5;
+
 /// One measured figure per (transport, row) per round.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub enum Row {
@@ -458,12 +461,23 @@ fn print_report(o: &Options, results: &Results, counts: &Counts) {
                 })
                 .expect("at least one dev transport");
             let s = speedup(mu, md, row);
-            all &= s >= 1.3;
+            // A row whose operations hardly reach the server (a cached listing) measures the
+            // kernel, not the transport: it is shown but does not decide.
+            let requests = counts.get(&(u, row)).copied().unwrap_or(f64::NAN);
+            let decides = requests >= MIN_REQUESTS_TO_DECIDE;
+            if decides {
+                all &= s >= 1.3;
+            }
             println!(
-                "- {}: {:.2}x vs the best classic setup ({})",
+                "- {}: {:.2}x vs the best classic setup ({}){}",
                 row.label(),
                 s,
-                names[best]
+                names[best],
+                if decides {
+                    String::new()
+                } else {
+                    format!("; not counted: {requests:.3} requests per operation")
+                }
             );
         }
         let rt = Row::RoundTrip;
@@ -477,7 +491,7 @@ fn print_report(o: &Options, results: &Results, counts: &Counts) {
             );
         }
         println!(
-            "\nio_uring >= 1.3x on every metadata row: {}",
+            "\nio_uring >= 1.3x on every metadata row that reaches the server: {}",
             if all { "yes" } else { "no" }
         );
     }
