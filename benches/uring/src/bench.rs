@@ -461,8 +461,9 @@ fn print_report(o: &Options, results: &Results, counts: &Counts) {
                 })
                 .expect("at least one dev transport");
             let s = speedup(mu, md, row);
-            // A row whose operations hardly reach the server (a cached listing) measures the
-            // kernel, not the transport: it is shown but does not decide.
+            // A row whose operations hardly reach the server (one READDIR returns about a
+            // thousand entries) measures the listing work, not the transport: it is shown but
+            // does not decide.
             let requests = counts.get(&(u, row)).copied().unwrap_or(f64::NAN);
             let decides = requests >= MIN_REQUESTS_TO_DECIDE;
             if decides {
