@@ -318,7 +318,14 @@ struct Granted {
 /// Remote files keep the daemon's: a network filesystem checks every read against them.
 fn backing_as<T>(who: Caller, layer: Layer, register: impl FnOnce() -> T) -> T {
     match layer {
-        Layer::Local => creds::run_as(who.acting(), register),
+        // Registering creates nothing, so the umask of a CREATE's caller is not set for it.
+        Layer::Local => creds::run_as(
+            creds::As {
+                umask: None,
+                ..who.acting()
+            },
+            register,
+        ),
         _ => register(),
     }
 }
