@@ -212,13 +212,19 @@ impl Exposed {
     /// Waits until the mount of the view (mount id `view`) is gone from the mount table,
     /// then withdraws the binds. Returns early once they are withdrawn otherwise.
     pub fn withdraw_when_unmounted(&self, view: u64) {
-        let info = std::fs::File::open("/proc/self/mountinfo").ok();
+        let mut table = mountinfo::Table::open().ok();
         while !self.withdrawn.load(Ordering::Acquire) {
-            if !mountinfo::current().iter().any(|m| m.id == view) {
+            // Only a table that was read and lacks the view says it is gone: an unreadable
+            // one (the daemon at its open-file limit) says nothing.
+            let read = match table.as_mut() {
+                Some(table) => table.read().ok(),
+                None => Some(mountinfo::current()).filter(|m| !m.is_empty()),
+            };
+            if read.is_some_and(|mounts| !mounts.iter().any(|m| m.id == view)) {
                 self.withdraw();
                 return;
             }
-            wait_for_mount_change(info.as_ref());
+            wait_for_mount_change(table.as_ref().map(mountinfo::Table::file));
         }
     }
 }

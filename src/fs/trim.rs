@@ -20,7 +20,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use fuser::{INodeNo, Notifier};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::fs::kernel_mount::FSTYPE;
 use crate::store::mountinfo;
@@ -39,6 +39,8 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
     let (high, low) = (limit * 2 / 5, limit / 4);
     let (tell, told) = crossbeam_channel::bounded(1);
     view.inodes.watch(high, tell);
+    // Opened now: a round is most needed when the daemon has no descriptor left to open it.
+    let mut table = mountinfo::Table::open()?;
     let view: Weak<View> = Arc::downgrade(view);
     std::thread::Builder::new()
         .name("trim".into())
@@ -49,7 +51,15 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
             };
             let live = view.inodes.len();
             if live > high {
-                let pinned = pinned(&mountinfo::current(), &mountpoint);
+                // Without the table no name is known to be safe to drop: wait for the next round.
+                let mounts = match table.read() {
+                    Ok(mounts) => mounts,
+                    Err(e) => {
+                        warn!(error = %e, "mount table unreadable, not trimming this round");
+                        continue;
+                    }
+                };
+                let pinned = pinned(&mounts, &mountpoint);
                 let names = view.least_used_names(live - low, &pinned);
                 debug!(
                     live,

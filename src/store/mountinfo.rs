@@ -1,6 +1,8 @@
 //! Reading `/proc/self/mountinfo`, which escapes space, tab, newline and backslash in
 //! paths as octal (`\040`).
 
+use std::fs::File;
+use std::io::{self, Read, Seek};
 use std::path::{Path, PathBuf};
 
 /// One mount, as a line of mountinfo describes it.
@@ -41,9 +43,35 @@ pub fn parse(info: &str) -> impl Iterator<Item = Mount> + '_ {
 
 /// This process's mounts now; none when `/proc` cannot be read.
 pub fn current() -> Vec<Mount> {
-    std::fs::read_to_string("/proc/self/mountinfo")
+    std::fs::read_to_string(PATH)
         .map(|info| parse(&info).collect())
         .unwrap_or_default()
+}
+
+const PATH: &str = "/proc/self/mountinfo";
+
+/// The mount table, kept open. A thread that must tell an empty table from an unreadable
+/// one, and read it when the process has no descriptor to spare, reads it through this: a
+/// daemon at its open-file limit would otherwise see no mounts at all, and act on that.
+pub struct Table(File);
+
+impl Table {
+    pub fn open() -> io::Result<Table> {
+        File::open(PATH).map(Table)
+    }
+
+    /// The mounts now. Reading from the start again makes the kernel list the table anew.
+    pub fn read(&mut self) -> io::Result<Vec<Mount>> {
+        self.0.rewind()?;
+        let mut info = String::new();
+        self.0.read_to_string(&mut info)?;
+        Ok(parse(&info).collect())
+    }
+
+    /// The open table, to `poll` for changes (`POLLPRI`).
+    pub fn file(&self) -> &File {
+        &self.0
+    }
 }
 
 /// The canonical path the mount was made at, resolved without depending on the mount
@@ -97,6 +125,18 @@ pub fn unescape(field: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// The kept-open table lists the mounts on every read, not just the first: a read
+    /// that started past the end would list none, which the trim would take as "nothing
+    /// mounted on the view".
+    #[test]
+    fn a_kept_table_lists_the_mounts_on_every_read() {
+        let mut table = super::Table::open().unwrap();
+        for _ in 0..3 {
+            let mounts = table.read().unwrap();
+            assert!(mounts.iter().any(|m| m.point == std::path::Path::new("/")));
+        }
+    }
+
     #[test]
     fn parses_point_type_and_source() {
         let info =
