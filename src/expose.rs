@@ -218,7 +218,7 @@ impl Exposed {
             // one (the daemon at its open-file limit) says nothing.
             let read = match table.as_mut() {
                 Some(table) => table.read().ok(),
-                None => Some(mountinfo::current()).filter(|m| !m.is_empty()),
+                None => mountinfo::read().ok(),
             };
             if read.is_some_and(|mounts| !mounts.iter().any(|m| m.id == view)) {
                 self.withdraw();
@@ -230,17 +230,14 @@ impl Exposed {
 }
 
 /// Blocks until the mount table changes, or for a second: `poll` on mountinfo reports a
-/// change as `POLLPRI`; the timeout keeps a missed wake-up (or no /proc) from lasting.
+/// change as `POLLPRI` to a reader that has read the table since, which the caller has just
+/// done; the timeout keeps a missed wake-up (or no /proc) from lasting.
 fn wait_for_mount_change(info: Option<&std::fs::File>) {
-    use std::io::{Read, Seek};
     use std::os::fd::AsFd;
-    let Some(mut file) = info else {
+    let Some(file) = info else {
         std::thread::sleep(std::time::Duration::from_secs(1));
         return;
     };
-    // The kernel reports a change only to a reader that has read the table since.
-    let _ = file.rewind();
-    let _ = std::io::copy(&mut file.by_ref(), &mut std::io::sink());
     let mut fd = libc::pollfd {
         fd: std::os::fd::AsRawFd::as_raw_fd(&file.as_fd()),
         events: libc::POLLPRI,

@@ -43,9 +43,12 @@ pub fn parse(info: &str) -> impl Iterator<Item = Mount> + '_ {
 
 /// This process's mounts now; none when `/proc` cannot be read.
 pub fn current() -> Vec<Mount> {
-    std::fs::read_to_string(PATH)
-        .map(|info| parse(&info).collect())
-        .unwrap_or_default()
+    read().unwrap_or_default()
+}
+
+/// This process's mounts now, or why `/proc` could not be read.
+pub fn read() -> io::Result<Vec<Mount>> {
+    Table::open()?.read()
 }
 
 const PATH: &str = "/proc/self/mountinfo";

@@ -352,7 +352,6 @@ pub fn names(dir: &Path) -> Vec<String> {
     v
 }
 
-/// Names and `d_type`s of a directory, via readdir (not stat).
 /// `d_type` of every entry of a directory as readdir returns it, `.` and `..` included.
 /// `None` is `DT_UNKNOWN`.
 pub fn raw_dtypes(dir: &Path) -> BTreeMap<String, Option<nix::dir::Type>> {
@@ -370,6 +369,7 @@ pub fn raw_dtypes(dir: &Path) -> BTreeMap<String, Option<nix::dir::Type>> {
         .collect()
 }
 
+/// Names and `d_type`s of a directory, via readdir (not stat).
 pub fn dtypes(dir: &Path) -> BTreeMap<String, &'static str> {
     fs::read_dir(dir)
         .unwrap()
