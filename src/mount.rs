@@ -1,6 +1,8 @@
 //! Serving a mount: open the trees, scan the remote, build the view, mount, follow the
 //! remote with refresh rounds, run until unmounted.
 
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fuser::{Config, MountOption, Session, SessionACL};
@@ -13,7 +15,7 @@ use crate::control::MountControl;
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
 use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
-use crate::fs::{LayerFs, Timeouts};
+use crate::fs::{ring, LayerFs, Timeouts, Transport, SYNC_THREADS};
 use crate::layout::{LayoutIndex, Scanner};
 use crate::metrics::{InodeCounts, Metrics, Sources};
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
@@ -104,10 +106,14 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         entry: config.entry_timeout,
         attr: config.attr_timeout,
     };
+    let transport = Transport {
+        passthrough: config.passthrough,
+        io_uring: config.io_uring,
+    };
     let fs = LayerFs::new(
         view.clone(),
         timeouts,
-        config.passthrough,
+        transport,
         config.remote_threads,
         metrics.clone(),
     )
@@ -116,6 +122,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         source,
     })?;
     let notices = fs.notices();
+    let ring_negotiated = fs.ring_negotiated();
 
     let (session, mut unmounter, device) =
         open_session(fs, config).map_err(|source| Error::Mount {
@@ -188,10 +195,24 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
             None
         }
     };
-    let served = session.run().map_err(|source| Error::Mount {
-        path: config.mountpoint.clone(),
-        source,
-    });
+    let ring = ring_negotiated
+        .load(Ordering::Relaxed)
+        .then(|| session.as_fd().try_clone_to_owned())
+        .transpose()
+        .map_err(|source| Error::Mount {
+            path: config.mountpoint.clone(),
+            source,
+        })?;
+    let settings = ring::Settings::for_pools(config.remote_threads + SYNC_THREADS);
+    let served = session
+        .run_with(|dispatcher| match ring {
+            Some(device) => ring::start(dispatcher, device, settings),
+            None => Box::new(|| {}),
+        })
+        .map_err(|source| Error::Mount {
+            path: config.mountpoint.clone(),
+            source,
+        });
     if let Some(exposure) = exposure {
         exposure.finish()?;
     }

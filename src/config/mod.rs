@@ -29,6 +29,8 @@ pub struct MountConfig {
     pub threads: usize,
     pub remote_threads: usize,
     pub passthrough: bool,
+    /// Take requests through FUSE over io_uring when the kernel offers it.
+    pub io_uring: bool,
     pub entry_timeout: Duration,
     pub attr_timeout: Duration,
     pub log_file: Option<PathBuf>,
@@ -72,6 +74,7 @@ impl Default for MountConfig {
             // As many calls as may be outstanding on the remote at once.
             remote_threads: 32,
             passthrough: true,
+            io_uring: false,
             entry_timeout: Duration::from_secs(3600),
             attr_timeout: Duration::from_secs(3600),
             log_file: None,

@@ -249,6 +249,20 @@ pub const OPTIONS: &[MountOption] = &[
         },
     },
     MountOption {
+        usage: "io_uring | noio_uring",
+        flag: None,
+        meaning: "take requests through FUSE over io_uring where the kernel offers it (the \
+                  fuse module's enable_uring), /dev/fuse otherwise: about half the latency per \
+                  request on small VMs",
+        default: "noio_uring",
+        keys: &["io_uring", "noio_uring"],
+        takes_value: false,
+        apply: |c, g| {
+            c.io_uring = g.key == "io_uring";
+            Ok(())
+        },
+    },
+    MountOption {
         usage: "entry_timeout=SECS",
         flag: None,
         meaning: "how long the kernel caches names",

@@ -5,6 +5,7 @@
 
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -17,14 +18,14 @@ use fuser::{
 
 use super::notify::Notices;
 use super::pool::{Load, Pool};
-use super::{creator, outcome, time, Core, Timeouts, Who};
+use super::{creator, outcome, time, Core, Timeouts, Transport, Who};
 use crate::metrics::{FsTables, Metrics};
 use crate::view::attrs::SetAttr;
 use crate::view::{Layer, View};
 
 /// How many `fsync`s of local files may wait for the disk at once without holding a FUSE
 /// thread.
-const SYNC_THREADS: usize = 8;
+pub(crate) const SYNC_THREADS: usize = 8;
 
 pub struct LayerFs {
     core: Arc<Core>,
@@ -39,11 +40,11 @@ impl LayerFs {
     pub fn new(
         view: Arc<View>,
         timeouts: Timeouts,
-        passthrough: bool,
+        transport: Transport,
         remote_threads: usize,
         metrics: Option<Arc<Metrics>>,
     ) -> std::io::Result<LayerFs> {
-        let core = Arc::new(Core::new(view, timeouts, passthrough));
+        let core = Arc::new(Core::new(view, timeouts, transport));
         if let Some(m) = &metrics {
             m.set_fs_tables(core.clone());
         }
@@ -77,6 +78,11 @@ impl LayerFs {
 
     pub fn view(&self) -> &Arc<View> {
         self.core.view()
+    }
+
+    /// Set at `init` if the kernel took FUSE over io_uring.
+    pub fn ring_negotiated(&self) -> Arc<AtomicBool> {
+        self.core.ring.clone()
     }
 
     /// Where handlers send their notices to the kernel; started once the session exists.

@@ -15,10 +15,12 @@ pub mod backing;
 mod dispatch;
 
 pub use dispatch::LayerFs;
+pub(crate) use dispatch::SYNC_THREADS;
 pub mod handles;
 pub mod kernel_mount;
 pub mod notify;
 pub mod pool;
+pub mod ring;
 pub mod trim;
 
 use std::ffi::OsStr;
@@ -54,6 +56,15 @@ use notify::Notices;
 const MAPPED_WRITER_TTL: Duration = Duration::from_millis(1);
 
 /// How long the kernel may trust what it was told.
+/// What the daemon asks of the kernel's FUSE transport; the kernel may refuse either.
+#[derive(Debug, Clone, Copy)]
+pub struct Transport {
+    /// File I/O goes straight to local's files (FUSE passthrough).
+    pub passthrough: bool,
+    /// Requests come through FUSE over io_uring (see [`ring`]).
+    pub io_uring: bool,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
     pub entry: Duration,
@@ -78,18 +89,23 @@ pub struct Core {
     timeouts: Timeouts,
     want_passthrough: bool,
     passthrough: AtomicBool,
+    want_ring: bool,
+    /// Whether the kernel took FUSE_OVER_IO_URING at `init`: the ring's queues may register.
+    ring: Arc<AtomicBool>,
     notices: Arc<Notices>,
 }
 
 impl Core {
-    fn new(view: Arc<View>, timeouts: Timeouts, passthrough: bool) -> Core {
+    fn new(view: Arc<View>, timeouts: Timeouts, transport: Transport) -> Core {
         Core {
             view,
             handles: HandleTable::new(),
             backing: BackingTable::default(),
             timeouts,
-            want_passthrough: passthrough,
+            want_passthrough: transport.passthrough,
             passthrough: AtomicBool::new(false),
+            want_ring: transport.io_uring,
+            ring: Arc::new(AtomicBool::new(false)),
             notices: Arc::new(Notices::default()),
         }
     }

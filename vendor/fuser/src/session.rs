@@ -47,6 +47,7 @@ use crate::read_buf::FuseReadBuf;
 use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
+use crate::reply::ReplySink;
 use crate::request::RequestWithSender;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
@@ -244,6 +245,21 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_with(|_| Box::new(|| {}))
+    }
+
+    /// Runs the session like [`Session::run`], with a second transport beside /dev/fuse.
+    /// `start` is called once the /dev/fuse threads run; it starts the transport's threads,
+    /// which hand their requests to the [`Dispatcher`] it is given, and returns what stops
+    /// them. That is called when the /dev/fuse threads have ended (the connection is gone) and
+    /// must return only once every clone of the dispatcher is dropped: the filesystem's
+    /// `destroy` runs after it.
+    /// # Errors
+    /// Returns any final error when the session comes to an end.
+    pub fn run_with(
+        self,
+        start: impl FnOnce(Dispatcher<FS>) -> Box<dyn FnOnce() + Send>,
+    ) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -286,6 +302,15 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let dispatcher = Dispatcher {
+            event_loop: Arc::new(SessionEventLoop {
+                thread_name: "fuser-dispatch".to_string(),
+                filesystem: filesystem.clone(),
+                ch: ch.clone(),
+                allowed,
+                session_owner,
+            }),
+        };
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -306,6 +331,8 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        let stop = start(dispatcher);
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -320,6 +347,8 @@ impl<FS: Filesystem> Session<FS> {
                 }
             }
         }
+
+        stop();
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
             return Err(io::Error::other(
@@ -511,6 +540,50 @@ impl SessionUnmounter {
     }
 }
 
+/// Serves requests that arrive by a transport other than reading /dev/fuse (see
+/// [`Session::run_with`]): each comes as the bytes a read of /dev/fuse would have returned,
+/// and its reply goes to the sink it comes with.
+pub struct Dispatcher<FS: Filesystem> {
+    event_loop: Arc<SessionEventLoop<FS>>,
+}
+
+impl<FS: Filesystem> Clone for Dispatcher<FS> {
+    fn clone(&self) -> Self {
+        Dispatcher {
+            event_loop: self.event_loop.clone(),
+        }
+    }
+}
+
+impl<FS: Filesystem> std::fmt::Debug for Dispatcher<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").finish_non_exhaustive()
+    }
+}
+
+impl<FS: Filesystem> Dispatcher<FS> {
+    /// Dispatches one request to the filesystem. Its reply, sent now or later from any
+    /// thread, goes to `sink`: exactly one per request.
+    /// # Errors
+    /// `InvalidData` if the bytes are not a request; nothing is sent to `sink` then.
+    pub fn dispatch(&self, request: &[u8], sink: Arc<dyn ReplySink>) -> io::Result<()> {
+        let sender = ReplySender::Sink(self.event_loop.ch.sender(), sink);
+        let Some(req) = RequestWithSender::new(sender, request) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "Invalid request",
+            ));
+        };
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            // The /dev/fuse threads end the session; this transport only acknowledges.
+            req.reply::<ReplyEmpty>().ok();
+        } else {
+            req.dispatch(&self.event_loop);
+        }
+        Ok(())
+    }
+}
+
 pub(crate) struct SessionEventLoop<FS: Filesystem> {
     /// Cache thread name for faster `debug!`.
     pub(crate) thread_name: String,
@@ -530,7 +603,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match RequestWithSender::new(ReplySender::Channel(self.ch.sender()), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {
