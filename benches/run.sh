@@ -10,7 +10,9 @@
 #   SCRATCH_FS=ext4  run on a fresh journaled ext4 made in a loop image inside SCRATCH (default),
 #                  or "host" to run on SCRATCH's own filesystem
 #   LAYERFS=target/release/layerfs   layerfs binary (built with cargo build --release if missing)
-#   TARGETS="plain overlayfs fuse-overlayfs layerfs"   which targets to run, in this order
+#   TARGETS="plain overlayfs fuse-overlayfs layerfs"   which targets to run, in this order;
+#                  layerfs-uring is layerfs with -o io_uring (the run turns the fuse module's
+#                  enable_uring on and restores it)
 #   REPEAT=1       rounds over all targets, interleaved; the report gives medians and spread
 set -euo pipefail
 
@@ -49,8 +51,8 @@ read -r -a TARGET_LIST <<<"$TARGETS"
 [ "${#TARGET_LIST[@]}" -gt 0 ] || die "TARGETS is empty"
 want() { local t; for t in "${TARGET_LIST[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }
 for t in "${TARGET_LIST[@]}"; do
-    case "$t" in plain|overlayfs|fuse-overlayfs|layerfs) ;;
-        *) die "unknown target '$t' in TARGETS (known: plain overlayfs fuse-overlayfs layerfs)" ;;
+    case "$t" in plain|overlayfs|fuse-overlayfs|layerfs|layerfs-uring) ;;
+        *) die "unknown target '$t' in TARGETS (known: plain overlayfs fuse-overlayfs layerfs layerfs-uring)" ;;
     esac
 done
 [[ "$FILES" =~ ^[0-9]+$ && "$FILES" -gt 0 ]] || die "FILES must be a positive integer, got '$FILES'"
@@ -62,7 +64,7 @@ missing=()
 [ "$(id -u)" -eq 0 ] || missing+=("root (run with sudo)")
 command -v python3 >/dev/null || missing+=("python3")
 command -v fio >/dev/null || missing+=("fio")
-if want fuse-overlayfs || want layerfs; then
+if want fuse-overlayfs || want layerfs || want layerfs-uring; then
     [ -c /dev/fuse ] || missing+=("/dev/fuse (modprobe fuse)")
     command -v fusermount3 >/dev/null || missing+=("fusermount3 (package fuse3)")
 fi
@@ -81,8 +83,12 @@ SIZE_BYTES=$(python3 "$BENCH_PY" bytes "$SIZE")
 [ "$SIZE_BYTES" -ge $((4 * 1024 * 1024)) ] || die "SIZE must be at least 4M, got '$SIZE'"
 [ -d "$FIXTURE/overlay/RO/$DATA_LAYER/diff" ] || die "fixture layer $DATA_LAYER not found under fixtures/remote"
 
-if want layerfs; then
+if want layerfs || want layerfs-uring; then
     ensure_layerfs "set LAYERFS, or drop layerfs from TARGETS"
+fi
+URING_PARAM=/sys/module/fuse/parameters/enable_uring
+if want layerfs-uring; then
+    [ -w "$URING_PARAM" ] || die "layerfs-uring: this kernel has no FUSE over io_uring ($URING_PARAM)"
 fi
 
 # ---------------------------------------------------------------- scratch area and cleanup
@@ -116,6 +122,7 @@ cleanup() {
         unmount_one "${MOUNTS[$i]}" || { ok=0; log "could not unmount ${MOUNTS[$i]}"; }
     done
     MOUNTS=()
+    [ -n "${URING_BEFORE:-}" ] && echo "$URING_BEFORE" >"$URING_PARAM"
     for pid in "${DAEMON_PIDS[@]}"; do
         if kill -0 "$pid" 2>/dev/null; then sleep 1; kill "$pid" 2>/dev/null; fi
     done
@@ -129,6 +136,10 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
+if want layerfs-uring; then
+    URING_BEFORE=$(cat "$URING_PARAM")
+    echo Y >"$URING_PARAM"
+fi
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
@@ -221,15 +232,17 @@ mount_target() {
         grep -v '^unknown argument ignored: lazytime$' "$d/mount.err" >&2 || true
         remember_daemon "$mnt"
         ;;
-    layerfs)
+    layerfs|layerfs-uring)
         # A fresh local each round; the metrics endpoint counts the requests per workload.
+        local extra=
+        [ "$t" = layerfs-uring ] && extra=,io_uring
         rm -rf "$d/local"
         mkdir -p "$d/local" "$mnt"
         MOUNTS+=("$mnt")
         METRICS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
         METRICS="http://127.0.0.1:$METRICS_PORT/metrics"
         "$LAYERFS" mount --remote "$REMOTE" --local "$d/local" \
-            -o "allow_other,metrics=127.0.0.1:$METRICS_PORT" "$mnt" >&2 \
+            -o "allow_other,metrics=127.0.0.1:$METRICS_PORT$extra" "$mnt" >&2 \
             || die "layerfs mount failed: $LAYERFS mount --remote $REMOTE --local $d/local -o allow_other $mnt"
         remember_daemon "$mnt"
         ;;
@@ -308,7 +321,7 @@ EOF
     # the same into a 1 GiB sparse file (16 MiB of data): layerfs must keep the holes (others
     # that fill them get a warning in the log)
     local strict=
-    [ "$t" = layerfs ] && strict=--strict
+    case "$t" in layerfs*) strict=--strict ;; esac
     copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/sparse.bin" $strict) || die "$t: sparse copy-up failed"; }
     counted "$t" copyup_sparse_ms copyup
     record "$t" copyup_sparse_ms "$ms"

@@ -179,7 +179,20 @@ fn stick(files: &[(PathBuf, Vec<u8>)], count: usize) -> Vec<(Child, PathBuf, boo
 
 #[test]
 fn local_paths_answer_while_the_remote_is_frozen() {
-    let mut s = Stack::new("");
+    local_paths_answer_with_the_remote_frozen("");
+}
+
+/// Over FUSE over io_uring a request stuck on the remote holds its ring entry until it is
+/// answered (from the remote pool's thread); the other requests still find entries.
+#[test]
+fn local_paths_answer_while_the_remote_is_frozen_over_io_uring() {
+    // Without the parameter the kernel has no ring, and the mount serves on /dev/fuse.
+    let _offered = RingOffered::turn_on();
+    local_paths_answer_with_the_remote_frozen(",io_uring");
+}
+
+fn local_paths_answer_with_the_remote_frozen(opts: &str) {
+    let mut s = Stack::new(opts);
     let files = s.remote_files();
     assert!(files.len() >= 12, "the fixture has enough remote files");
     // What a host has before the stall: a local file in the root, a container directory.

@@ -252,8 +252,7 @@ pub const OPTIONS: &[MountOption] = &[
         usage: "io_uring | noio_uring",
         flag: None,
         meaning: "take requests through FUSE over io_uring where the kernel offers it (the \
-                  fuse module's enable_uring), /dev/fuse otherwise: about half the latency per \
-                  request on small VMs",
+                  fuse module's parameter enable_uring), through /dev/fuse otherwise",
         default: "noio_uring",
         keys: &["io_uring", "noio_uring"],
         takes_value: false,

@@ -114,7 +114,7 @@ pub fn start<FS: Filesystem>(
         let shared = match Queue::new() {
             Ok(q) => Arc::new(q),
             Err(e) => {
-                warn!(error = %e, "FUSE over io_uring not started: no eventfd; requests stay on /dev/fuse");
+                warn!(error = %e, "FUSE over io_uring: no eventfd for a queue");
                 break;
             }
         };
@@ -152,11 +152,18 @@ pub fn start<FS: Filesystem>(
             Err(_) => warn!("FUSE over io_uring: a queue did not register within 10 s"),
         }
     }
-    info!(
-        queues = registered,
-        depth = settings.depth,
-        "FUSE requests go through io_uring"
-    );
+    if registered > 0 && registered == possible_cpus() {
+        info!(
+            queues = registered,
+            depth = settings.depth,
+            "FUSE requests go through io_uring"
+        );
+    } else {
+        warn!(
+            registered,
+            "FUSE over io_uring needs a queue on every possible CPU; requests stay on /dev/fuse"
+        );
+    }
     Box::new(move || stop(queues))
 }
 

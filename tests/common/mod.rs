@@ -951,3 +951,26 @@ pub fn processes_with_arg(arg: &Path) -> Vec<u32> {
     }
     pids
 }
+
+const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Turns the kernel's offer of FUSE over io_uring on for as long as it lives. Mounts that do
+/// not ask for the ring are not affected by it.
+pub struct RingOffered {
+    before: String,
+}
+
+impl RingOffered {
+    /// `None` where the kernel has no such parameter (no FUSE over io_uring).
+    pub fn turn_on() -> Option<RingOffered> {
+        let before = fs::read_to_string(URING_PARAM).ok()?;
+        fs::write(URING_PARAM, "Y").expect("enable_uring");
+        Some(RingOffered { before })
+    }
+}
+
+impl Drop for RingOffered {
+    fn drop(&mut self) {
+        let _ = fs::write(URING_PARAM, self.before.trim());
+    }
+}

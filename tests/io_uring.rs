@@ -1,0 +1,189 @@
+//! FUSE over io_uring (`-o io_uring`): requests served through the ring give the same results
+//! as through /dev/fuse, on every path a reply can take (served in place, from the remote
+//! pool, from the sync pool), with data large enough to fill an entry's payload. Where the
+//! kernel has no `enable_uring` parameter, the mount must still serve, on /dev/fuse.
+
+mod common;
+use common::*;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// The daemon's threads named `prefix…`, with their voluntary context switches: a thread
+/// that waits for requests switches once per wait.
+fn switches(pid: u32, prefix: &str) -> (usize, u64) {
+    let mut threads = 0;
+    let mut total = 0;
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let comm = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        threads += 1;
+        let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        total += status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    (threads, total)
+}
+
+fn possible_cpus() -> usize {
+    let list = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    list.trim()
+        .split(',')
+        .map(|range| {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1
+        })
+        .sum()
+}
+
+/// Pseudo-random bytes, different for every `seed`.
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn files_under(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if kind.is_file() {
+                found.push(entry.path());
+            }
+        }
+    }
+    found
+}
+
+/// Everything the test does on one mount; `ring` says whether the ring must carry it.
+fn exercise(m: &Mount, ring: bool) {
+    let pid = m.daemon_pid().expect("foreground daemon");
+    let (queues, before) = switches(pid, "fuse-ring-");
+    if !ring {
+        assert_eq!(queues, 0, "ring queues without a ring");
+    } else {
+        assert_eq!(queues, possible_cpus(), "one ring queue per possible CPU");
+    }
+
+    // Served in place, one request at a time: each is a wait of a queue thread.
+    let work = m.path("overlay/ring");
+    fs::create_dir(&work).unwrap();
+    for i in 0..1000u64 {
+        fs::write(work.join(format!("f{i}")), bytes(i, 100 + i as usize)).unwrap();
+    }
+    let mut listed = names(&work);
+    listed.sort();
+    assert_eq!(listed.len(), 1000);
+    for i in 0..1000u64 {
+        let path = work.join(format!("f{i}"));
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            bytes(i, 100 + i as usize),
+            "{path:?}"
+        );
+        if i % 2 == 0 {
+            fs::rename(&path, work.join(format!("g{i}"))).unwrap();
+        } else {
+            fs::remove_file(&path).unwrap();
+        }
+    }
+    assert_eq!(names(&work).len(), 500);
+    xattr_set(&work, "user.ring", b"value").unwrap();
+    assert_eq!(xattr_get(&work, "user.ring").unwrap(), b"value");
+
+    // Large writes and reads, which fill an entry's payload (1 MiB) when not passed through;
+    // fsync goes through the sync pool and its reply comes from another thread.
+    let big = bytes(7, 8 << 20);
+    let path = work.join("big");
+    let mut f = fs::File::create(&path).unwrap();
+    f.write_all(&big).unwrap();
+    f.sync_all().unwrap();
+    f.write_all_at(b"patched", 3 << 20).unwrap();
+    drop(f);
+    let mut expected = big.clone();
+    expected[3 << 20..(3 << 20) + 7].copy_from_slice(b"patched");
+    let mut back = Vec::new();
+    fs::File::open(&path)
+        .unwrap()
+        .read_to_end(&mut back)
+        .unwrap();
+    assert!(back == expected, "8 MiB read back through the view differs");
+    let mut f = fs::File::open(&path).unwrap();
+    f.seek(SeekFrom::Start((5 << 20) + 3)).unwrap();
+    let mut chunk = vec![0u8; 1 << 20];
+    f.read_exact(&mut chunk).unwrap();
+    assert!(chunk[..] == expected[(5 << 20) + 3..(6 << 20) + 3]);
+
+    // The remote's files: lookups and reads that may wait on the remote are served by the
+    // remote pool, whose replies come from its threads.
+    let through_view = files_under(&m.mnt.join("overlay/RO"));
+    assert!(
+        through_view.len() > 5,
+        "the fixture's ready layers have files"
+    );
+    for file in &through_view {
+        let rel = file.strip_prefix(&m.mnt).unwrap();
+        assert_eq!(
+            fs::read(file).unwrap(),
+            fs::read(m.remote.join(rel)).unwrap(),
+            "{rel:?}"
+        );
+    }
+
+    let (_, after) = switches(pid, "fuse-ring-");
+    if ring {
+        assert!(
+            after - before >= 1000,
+            "the ring queues waited {} times for over 4000 requests: the requests did not go \
+             through the ring",
+            after - before
+        );
+    }
+    fs::remove_dir_all(&work).unwrap();
+}
+
+#[test]
+fn the_ring_serves_what_dev_fuse_serves() {
+    let Some(_offered) = RingOffered::turn_on() else {
+        // A kernel without the transport: asking for it must not cost the mount.
+        let m = Mount::with(
+            Options {
+                opts: "io_uring".into(),
+                ..Options::default()
+            },
+            |_| {},
+        );
+        exercise(&m, false);
+        return;
+    };
+    for opts in ["io_uring", "io_uring,nopassthrough"] {
+        let m = Mount::with(
+            Options {
+                opts: opts.into(),
+                ..Options::default()
+            },
+            |_| {},
+        );
+        exercise(&m, true);
+    }
+    // Not asked for, not used, even when offered.
+    let m = Mount::new();
+    exercise(&m, false);
+}
