@@ -305,7 +305,8 @@ def cmd_report(args):
                     counts = json.loads(reqs[(t, key)][-1])
                     total = sum(counts.values())
                     text = ", ".join("%s %g" % (op, c) for op, c in counts.items()) or "none"
-                    out.append("| %s | %g: %s |" % (label, round(total, 2), text))
+                    name = label if t == "layerfs" else "%s (%s)" % (label, t)
+                    out.append("| %s | %g: %s |" % (name, round(total, 2), text))
     print("\n".join(out))
 
 
