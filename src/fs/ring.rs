@@ -420,131 +420,195 @@ fn serve_queue<FS: Filesystem>(
 ) -> io::Result<()> {
     pin_to_cpu(usize::from(qid));
     SERVING.with(|s| s.set(Arc::as_ptr(queue)));
-    let depth = settings.depth.max(1);
-    // Declared before the ring, so dropped after it: the ring's pending read targets it.
-    let mut wakeup_count = Box::new([0u8; 8]);
-    let mut builder = IoUring::<squeue::Entry128, cqueue::Entry>::builder();
-    builder
-        .setup_single_issuer()
-        .setup_coop_taskrun()
-        .setup_taskrun_flag();
-    let mut ring: Ring = match builder.build((depth + 1) as u32) {
-        Ok(ring) => ring,
+    let started = QueueRing::start(queue, qid, device, settings);
+    let (mut ring, completions) = match started {
+        Ok(started) => started,
         Err(e) => {
-            let _ = ready.send(Err(io::Error::new(
-                e.kind(),
-                format!("io_uring_setup: {e}"),
-            )));
+            let _ = ready.send(Err(io::Error::new(e.kind(), e.to_string())));
             return Err(e);
         }
     };
-    let entries: Vec<Arc<Entry>> = (0..depth)
-        .map(|i| Arc::new(Entry::new(i as u32, settings.payload, queue.clone())))
-        .collect();
-    let arm_wakeup = |ring: &mut Ring, count: &mut [u8; 8]| {
-        let read = opcode::Read::new(types::Fd(queue.wakeup.as_raw_fd()), count.as_mut_ptr(), 8)
-            .build()
-            .user_data(WAKEUP);
-        push(ring, &read.into())
-    };
-    let registered = entries.iter().try_for_each(|entry| {
-        let sqe = command(device, CMD_REGISTER, qid, 0)
-            .addr(Some(entry.iov as u64))
-            .build();
-        push(
-            &mut ring,
-            &with_len(sqe, 2).user_data(u64::from(entry.index)),
-        )
-    });
-    let started = registered
-        .and_then(|()| arm_wakeup(&mut ring, &mut wakeup_count))
-        .and_then(|()| ring.submit().map(drop));
-    if let Err(e) = started {
-        // Some entries may be in the kernel: leak them rather than free what it may write.
-        std::mem::forget(entries);
-        std::mem::forget(ring);
-        let _ = ready.send(Err(io::Error::new(e.kind(), format!("registering: {e}"))));
-        return Err(e);
-    }
     // A REGISTER completes when a request arrives, or at once with an error.
-    let mut completions: Vec<(u64, i32)> = ring
-        .completion()
-        .map(|c| (c.user_data(), c.result()))
-        .collect();
-    if let Some(&(_, res)) = completions
+    match completions
         .iter()
         .find(|&&(tag, res)| tag != WAKEUP && res < 0)
     {
-        let e = io::Error::from_raw_os_error(-res);
-        let _ = ready.send(Err(io::Error::new(
-            e.kind(),
-            format!("FUSE_IO_URING_CMD_REGISTER: {e}"),
-        )));
-    } else {
-        let _ = ready.send(Ok(()));
+        Some(&(_, res)) => {
+            let e = io::Error::from_raw_os_error(-res);
+            let _ = ready.send(Err(io::Error::new(
+                e.kind(),
+                format!("FUSE_IO_URING_CMD_REGISTER: {e}"),
+            )));
+        }
+        None => {
+            let _ = ready.send(Ok(()));
+        }
+    }
+    ring.serve(dispatcher, completions, settings.payload)
+}
+
+/// A queue's ring and entries, owned by the queue's thread.
+struct QueueRing<'a> {
+    ring: Ring,
+    entries: Vec<Arc<Entry>>,
+    /// Entries whose command is in the kernel, which may write their buffers meanwhile.
+    in_flight: usize,
+    /// The connection is being torn down: what is answered now is not committed.
+    gone: bool,
+    /// The eventfd read's buffer. Leaked (8 bytes a queue): the read is still pending when
+    /// the ring closes, and the kernel cancels it after the close, not before.
+    wakeup_count: &'static mut [u8; 8],
+    queue: &'a Arc<Queue>,
+    qid: u16,
+    device: &'a OwnedFd,
+}
+
+impl Drop for QueueRing<'_> {
+    /// An entry still in the kernel is leaked rather than freed under it: the ring's close
+    /// cancels the commands after the close, not before.
+    fn drop(&mut self) {
+        if self.in_flight > 0 {
+            std::mem::forget(std::mem::take(&mut self.entries));
+        }
+    }
+}
+
+impl<'a> QueueRing<'a> {
+    /// Sets up the ring and registers `depth` entries and the wakeup read. Returns the
+    /// completions already there.
+    fn start(
+        queue: &'a Arc<Queue>,
+        qid: u16,
+        device: &'a OwnedFd,
+        settings: Settings,
+    ) -> io::Result<(QueueRing<'a>, Vec<(u64, i32)>)> {
+        let depth = settings.depth.max(1);
+        let mut builder = IoUring::<squeue::Entry128, cqueue::Entry>::builder();
+        builder
+            .setup_single_issuer()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag();
+        let ring = builder
+            .build((depth + 1) as u32)
+            .map_err(|e| io::Error::new(e.kind(), format!("io_uring_setup: {e}")))?;
+        let mut this = QueueRing {
+            ring,
+            entries: (0..depth)
+                .map(|i| Arc::new(Entry::new(i as u32, settings.payload, queue.clone())))
+                .collect(),
+            in_flight: 0,
+            gone: false,
+            wakeup_count: Box::leak(Box::new([0u8; 8])),
+            queue,
+            qid,
+            device,
+        };
+        for i in 0..depth {
+            let entry = &this.entries[i];
+            let sqe = command(device, CMD_REGISTER, qid, 0)
+                .addr(Some(entry.iov as u64))
+                .build();
+            let sqe = with_len(sqe, 2).user_data(u64::from(entry.index));
+            // Counted before the push: once pushed, the kernel may hold the entry.
+            this.in_flight += 1;
+            push(&mut this.ring, &sqe)
+                .map_err(|e| io::Error::new(e.kind(), format!("registering: {e}")))?;
+        }
+        this.arm_wakeup()?;
+        this.ring.submit()?;
+        let completions = this.completions();
+        Ok((this, completions))
     }
 
-    let mut in_flight = depth;
-    let mut gone = false;
-    let mut request = vec![0u8; IN_HEADER_SIZE + OP_IN_SIZE + settings.payload];
-    let mut answered = Vec::new();
-    loop {
-        for (tag, res) in completions.drain(..) {
-            if tag == WAKEUP {
-                if !queue.stopping.load(Ordering::Acquire) {
-                    arm_wakeup(&mut ring, &mut wakeup_count).inspect_err(|_| {
-                        std::mem::forget(entries.clone());
-                    })?;
-                }
-                continue;
-            }
-            let Some(entry) = entries.get(tag as usize) else {
-                continue;
-            };
-            in_flight -= 1;
-            if res < 0 {
-                // Either way the kernel has let go of the entry.
-                if matches!(-res, libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED) {
-                    gone = true;
-                } else {
-                    let error = io::Error::from_raw_os_error(-res);
-                    warn!(queue = qid, %error, "a FUSE io_uring entry was refused");
-                }
-                continue;
-            }
-            serve_entry(entry, dispatcher, &mut request);
-        }
-        std::mem::swap(&mut answered, &mut *queue.answered.lock());
-        for index in answered.drain(..) {
-            if gone {
-                continue;
-            }
-            let entry = &entries[index as usize];
-            // SAFETY: answered, so the entry is still ours until this commit is queued.
-            let commit_id = get_u64(unsafe { entry.buffers() }.0, COMMIT_ID);
-            let sqe = command(device, CMD_COMMIT_AND_FETCH, qid, commit_id)
-                .build()
-                .user_data(u64::from(entry.index));
-            push(&mut ring, &sqe).inspect_err(|_| std::mem::forget(entries.clone()))?;
-            in_flight += 1;
-        }
-        if in_flight == 0 && (gone || queue.stopping.load(Ordering::Acquire)) {
-            break;
-        }
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
-            Err(e) => {
-                std::mem::forget(entries);
-                return Err(e);
-            }
-        }
-        completions.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+    fn completions(&mut self) -> Vec<(u64, i32)> {
+        self.ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect()
     }
-    // The kernel holds no entry now; dropping the ring cancels the wakeup read. Entries held
-    // by a reply still on its way are freed by that reply.
-    drop(ring);
-    Ok(())
+
+    fn arm_wakeup(&mut self) -> io::Result<()> {
+        let count = self.wakeup_count.as_mut_ptr();
+        let read = opcode::Read::new(types::Fd(self.queue.wakeup.as_raw_fd()), count, 8)
+            .build()
+            .user_data(WAKEUP);
+        push(&mut self.ring, &read.into())
+    }
+
+    /// Serves requests until the connection is gone, or the queue is stopped, and the kernel
+    /// holds none of the entries.
+    fn serve<FS: Filesystem>(
+        &mut self,
+        dispatcher: &Dispatcher<FS>,
+        mut completions: Vec<(u64, i32)>,
+        payload: usize,
+    ) -> io::Result<()> {
+        let mut request = vec![0u8; IN_HEADER_SIZE + OP_IN_SIZE + payload];
+        let mut answered = Vec::new();
+        loop {
+            for (tag, res) in completions.drain(..) {
+                self.completed(tag, res, dispatcher, &mut request)?;
+            }
+            std::mem::swap(&mut answered, &mut *self.queue.answered.lock());
+            for index in answered.drain(..) {
+                self.commit(index)?;
+            }
+            if self.in_flight == 0 && (self.gone || self.queue.stopping.load(Ordering::Acquire)) {
+                return Ok(());
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
+                Err(e) => return Err(e),
+            }
+            completions = self.completions();
+        }
+    }
+
+    /// One completion: a request in an entry (served now), an entry the kernel let go of, or
+    /// the wakeup.
+    fn completed<FS: Filesystem>(
+        &mut self,
+        tag: u64,
+        res: i32,
+        dispatcher: &Dispatcher<FS>,
+        request: &mut [u8],
+    ) -> io::Result<()> {
+        if tag == WAKEUP {
+            if !self.queue.stopping.load(Ordering::Acquire) {
+                self.arm_wakeup()?;
+            }
+            return Ok(());
+        }
+        let Some(entry) = self.entries.get(tag as usize) else {
+            return Ok(());
+        };
+        self.in_flight -= 1;
+        if res >= 0 {
+            serve_entry(entry, dispatcher, request);
+        } else if matches!(-res, libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED) {
+            self.gone = true;
+        } else {
+            let error = io::Error::from_raw_os_error(-res);
+            warn!(queue = self.qid, %error, "a FUSE io_uring entry was refused");
+        }
+        Ok(())
+    }
+
+    /// Delivers the reply written into entry `index` and re-arms the entry.
+    fn commit(&mut self, index: u32) -> io::Result<()> {
+        if self.gone {
+            return Ok(());
+        }
+        let entry = &self.entries[index as usize];
+        // SAFETY: answered, so the entry is still ours until this commit is queued.
+        let commit_id = get_u64(unsafe { entry.buffers() }.0, COMMIT_ID);
+        let sqe = command(self.device, CMD_COMMIT_AND_FETCH, self.qid, commit_id)
+            .build()
+            .user_data(u64::from(entry.index));
+        self.in_flight += 1;
+        push(&mut self.ring, &sqe)
+    }
 }
 
 /// Hands the request in `entry` to the filesystem. The kernel split it: its `fuse_in_header`
