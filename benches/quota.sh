@@ -10,6 +10,8 @@
 #   QUOTA=1T       the quota of the quota root (large, so it never fills)
 #   SCRATCH=/var/tmp/layerfs-bench   scratch area (a per-run subdir is created and removed)
 #   LAYERFS=target/release/layerfs   layerfs binary (built with cargo build --release if missing)
+#   OPTS=          extra -o mount options, e.g. io_uring (then turn the fuse module's
+#                  enable_uring on first)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,7 +31,7 @@ die() { printf 'quota-bench: %s\n' "$*" >&2; exit 1; }
 . "$REPO/benches/common.sh"
 
 case "${1:-}" in
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) die "unknown argument '$1' (configure with environment variables, see --help)" ;;
 esac
@@ -104,7 +106,7 @@ log "mounting layerfs over a copy of fixtures/remote in $RUN (SIZE=$SIZE, RUNTIM
 cp -a "$FIXTURE" "$RUN/remote"
 mkdir -p "$RUN/local" "$MNT"
 MOUNTED=1
-"$LAYERFS" mount --remote "$RUN/remote" --local "$RUN/local" -o allow_other "$MNT" >&2 \
+"$LAYERFS" mount --remote "$RUN/remote" --local "$RUN/local" -o "allow_other${OPTS:+,$OPTS}" "$MNT" >&2 \
     || die "layerfs mount failed: $LAYERFS mount --remote $RUN/remote --local $RUN/local -o allow_other $MNT"
 for _ in $(seq 50); do mountpoint -q "$MNT" && break; sleep 0.1; done
 mountpoint -q "$MNT" || die "$MNT is not a mountpoint after mounting"
@@ -176,7 +178,7 @@ cpu_model=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed
     echo "- local filesystem: $fs_type; fio $(fio --version 2>/dev/null | sed 's/^fio-//')"
     echo "- layerfs: $("$LAYERFS" --version 2>/dev/null | head -n1 || echo unknown)"
     echo "- SIZE=$SIZE RUNTIME=$RUNTIME REPEAT=$REPEAT QUOTA=$QUOTA; ioengine=psync, direct=0, 1 job; medians of $REPEAT round(s)"
-    echo "- outside: \`$P\` (no quota); inside: \`$Q\` (quota root); one mount, default options"
+    echo "- outside: \`$P\` (no quota); inside: \`$Q\` (quota root); one mount, options: ${OPTS:-the defaults}"
     echo "- wall time: ${ELAPSED}s"
     echo
     python3 - "$RESULTS" <<'EOF'
