@@ -2,7 +2,7 @@
 //! remote with refresh rounds, run until unmounted.
 
 use std::os::fd::AsFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use fuser::{Config, MountOption, Session, SessionACL};
@@ -147,6 +147,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         refresh: handle.clone(),
         view: view.clone(),
         metrics: metrics_server.as_ref().map(|s| s.local_addr().to_string()),
+        ring: ring_negotiated.clone(),
     });
     if let Some(metrics) = &metrics {
         metrics.set_sources(control.clone());
@@ -300,6 +301,8 @@ struct Control {
     view: Arc<View>,
     /// Where metrics are served, if they are.
     metrics: Option<String>,
+    /// Whether the kernel took FUSE over io_uring at `init`.
+    ring: Arc<AtomicBool>,
 }
 
 impl Sources for Control {
@@ -318,6 +321,8 @@ impl MountControl for Control {
     fn status(&self) -> Status {
         let mut status = self.refresh.status();
         status.quotas = self.view.quota_list();
+        let ring = self.ring.load(Ordering::Relaxed);
+        status.transport = Some(if ring { "io_uring" } else { "/dev/fuse" }.to_owned());
         status
     }
     fn refresh(&self) -> RoundReport {

@@ -97,6 +97,9 @@ pub struct Status {
     /// Where Prometheus metrics are served (`-o metrics=`), if they are.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// How requests reach the daemon: `io_uring` or `/dev/fuse` (filled in by the mount).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 /// A layer as `layerfs layers` lists it.

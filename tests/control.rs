@@ -85,6 +85,7 @@ impl MountControl for Fake {
             last_round: Some(report(0, self.failing)),
             quotas: Vec::new(),
             metrics: None,
+            transport: None,
         }
     }
     fn refresh(&self) -> RoundReport {

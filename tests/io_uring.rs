@@ -82,6 +82,19 @@ fn exercise(m: &Mount, ring: bool) {
         assert_eq!(queues, possible_cpus(), "one ring queue per possible CPU");
     }
 
+    let status = std::process::Command::new(BIN)
+        .arg("status")
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    let want = if ring {
+        "through io_uring"
+    } else {
+        "through /dev/fuse"
+    };
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains(want), "layerfs status says:\n{text}");
+
     // Served in place, one request at a time: each is a wait of a queue thread.
     let work = m.path("overlay/ring");
     fs::create_dir(&work).unwrap();

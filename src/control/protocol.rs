@@ -282,6 +282,7 @@ mod tests {
                 last_round: Some(round()),
                 quotas: Vec::new(),
                 metrics: None,
+                transport: None,
             }
         }
         fn refresh(&self) -> RoundReport {

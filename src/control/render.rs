@@ -46,6 +46,9 @@ pub fn status(s: &Status, now: f64) -> String {
     if let Some(addr) = &s.metrics {
         line("metrics", &format!("http://{addr}/metrics"));
     }
+    if let Some(transport) = &s.transport {
+        line("requests", &format!("through {transport}"));
+    }
     let interval = if s.refresh_interval_secs > 0.0 {
         format!("every {}", seconds(s.refresh_interval_secs))
     } else {
@@ -462,7 +465,21 @@ mod tests {
             last_round: Some(round_view()),
             quotas: Vec::new(),
             metrics: None,
+            transport: Some("/dev/fuse".into()),
         }
+    }
+
+    #[test]
+    fn status_shows_the_request_transport() {
+        let s = Status {
+            transport: Some("io_uring".into()),
+            ..status_view()
+        };
+        assert!(
+            status(&s, T0 + 12.0).contains("\nrequests    through io_uring\n"),
+            "{}",
+            status(&s, T0 + 12.0)
+        );
     }
 
     #[test]
@@ -487,6 +504,7 @@ remote      /mnt/nfs: healthy since 2024-05-01 11:00:03 UTC (60m ago)
 local       /var/lib/layerfs
 driver      overlay
 socket      /run/layerfs/mounts/var-lib-isulad-storage.sock
+requests    through /dev/fuse
 refresh     every 5s; 7 rounds since mounted
 last round  2024-05-01 12:00:03 UTC (12s ago), took 3.2 ms: 1 added, 0 removed, 1 changed
 ready       4 layers, 1 image

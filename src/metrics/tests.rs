@@ -76,6 +76,7 @@ impl Fake {
                     inodes_used: 3,
                 }],
                 metrics: None,
+                transport: None,
             }),
         })
     }

@@ -244,8 +244,10 @@ impl RefreshHandle {
             rounds: state.rounds,
             remote_health: state.health.clone(),
             last_round: state.last_round.clone(),
+            // Filled in by the mount, which knows them.
             quotas: Vec::new(),
             metrics: None,
+            transport: None,
         }
     }
 
