@@ -75,11 +75,15 @@ fn files_under(root: &Path) -> Vec<PathBuf> {
 /// Everything the test does on one mount; `ring` says whether the ring must carry it.
 fn exercise(m: &Mount, ring: bool) {
     let pid = m.daemon_pid().expect("foreground daemon");
+    if ring {
+        // The queues start once the mount serves (through /dev/fuse until they are all up).
+        eventually(10, "one ring queue per possible CPU", || {
+            switches(pid, "fuse-ring-").0 == possible_cpus()
+        });
+    }
     let (queues, before) = switches(pid, "fuse-ring-");
     if !ring {
         assert_eq!(queues, 0, "ring queues without a ring");
-    } else {
-        assert_eq!(queues, possible_cpus(), "one ring queue per possible CPU");
     }
 
     let status = std::process::Command::new(BIN)
