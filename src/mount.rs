@@ -207,7 +207,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     let settings = ring::Settings::for_pools(config.remote_threads + SYNC_THREADS);
     let served = session
         .run_with(|dispatcher| match ring {
-            Some(device) => ring::start(dispatcher, device, settings),
+            Some(device) => ring::start(dispatcher, device, settings, &ring_negotiated),
             None => Box::new(|| {}),
         })
         .map_err(|source| Error::Mount {
@@ -301,7 +301,8 @@ struct Control {
     view: Arc<View>,
     /// Where metrics are served, if they are.
     metrics: Option<String>,
-    /// Whether the kernel took FUSE over io_uring at `init`.
+    /// Whether requests come through FUSE over io_uring: the kernel took it at `init` and
+    /// every queue registered.
     ring: Arc<AtomicBool>,
 }
 

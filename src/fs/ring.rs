@@ -101,11 +101,12 @@ fn possible_cpus() -> usize {
 /// Starts one queue per possible CPU, serving requests through `dispatcher`. Returns what
 /// stops them, to be called once the connection is gone (the /dev/fuse threads have ended).
 /// A queue that cannot start is logged and leaves the connection on /dev/fuse, where the
-/// kernel keeps sending requests until every queue has registered.
+/// kernel keeps sending requests until every queue has registered; `serving` then says no.
 pub fn start<FS: Filesystem>(
     dispatcher: Dispatcher<FS>,
     device: OwnedFd,
     settings: Settings,
+    serving: &AtomicBool,
 ) -> Box<dyn FnOnce() + Send> {
     let device = Arc::new(device);
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -152,7 +153,9 @@ pub fn start<FS: Filesystem>(
             Err(_) => warn!("FUSE over io_uring: a queue did not register within 10 s"),
         }
     }
-    if registered > 0 && registered == possible_cpus() {
+    let all = registered > 0 && registered == possible_cpus();
+    serving.store(all, Ordering::Relaxed);
+    if all {
         info!(
             queues = registered,
             depth = settings.depth,
