@@ -111,7 +111,8 @@ pub fn start<FS: Filesystem>(
     let device = Arc::new(device);
     let (ready_tx, ready_rx) = mpsc::channel();
     let mut queues = Vec::new();
-    for qid in 0..possible_cpus() {
+    let cpus = possible_cpus();
+    for qid in 0..cpus {
         let shared = match Queue::new() {
             Ok(q) => Arc::new(q),
             Err(e) => {
@@ -153,7 +154,7 @@ pub fn start<FS: Filesystem>(
             Err(_) => warn!("FUSE over io_uring: a queue did not register within 10 s"),
         }
     }
-    let all = registered > 0 && registered == possible_cpus();
+    let all = registered > 0 && registered == cpus;
     serving.store(all, Ordering::Relaxed);
     if all {
         info!(
@@ -321,21 +322,22 @@ impl ReplySink for Entry {
         let (header, payload) = unsafe { self.buffers() };
         let total: usize = reply.iter().map(|part| part.len()).sum();
         let fits = (OUT_HEADER_SIZE..=OUT_HEADER_SIZE + self.payload_len).contains(&total);
-        let mut written = 0;
-        for part in reply.iter().filter(|_| fits) {
-            let mut part: &[u8] = part;
-            if written < OUT_HEADER_SIZE {
-                let head = part.len().min(OUT_HEADER_SIZE - written);
-                header[written..written + head].copy_from_slice(&part[..head]);
-                (part, written) = (&part[head..], written + head);
-            }
-            if !part.is_empty() {
-                let at = written - OUT_HEADER_SIZE;
-                payload[at..at + part.len()].copy_from_slice(part);
-                written += part.len();
-            }
-        }
         let args = if fits {
+            // The parts are cut anywhere: the first 16 bytes are the header, the rest payload.
+            let mut written = 0;
+            for part in reply {
+                let mut part: &[u8] = part;
+                if written < OUT_HEADER_SIZE {
+                    let head = part.len().min(OUT_HEADER_SIZE - written);
+                    header[written..written + head].copy_from_slice(&part[..head]);
+                    (part, written) = (&part[head..], written + head);
+                }
+                if !part.is_empty() {
+                    let at = written - OUT_HEADER_SIZE;
+                    payload[at..at + part.len()].copy_from_slice(part);
+                    written += part.len();
+                }
+            }
             total - OUT_HEADER_SIZE
         } else {
             put_u32(header, 0, OUT_HEADER_SIZE as u32);
@@ -519,15 +521,14 @@ impl<'a> QueueRing<'a> {
         }
         this.arm_wakeup()?;
         this.ring.submit()?;
-        let completions = this.completions();
+        // Room for every entry and the wakeup: the serving loop never grows it.
+        let mut completions = Vec::with_capacity(depth + 1);
+        this.take_completions(&mut completions);
         Ok((this, completions))
     }
 
-    fn completions(&mut self) -> Vec<(u64, i32)> {
-        self.ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect()
+    fn take_completions(&mut self, into: &mut Vec<(u64, i32)>) {
+        into.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
     }
 
     fn arm_wakeup(&mut self) -> io::Result<()> {
@@ -564,7 +565,7 @@ impl<'a> QueueRing<'a> {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
                 Err(e) => return Err(e),
             }
-            completions = self.completions();
+            self.take_completions(&mut completions);
         }
     }
 
@@ -649,5 +650,40 @@ fn serve_entry<FS: Filesystem>(
         out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
         out[8..].copy_from_slice(&header[8..16]);
         let _ = entry.send(&[IoSlice::new(&out)]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// fuser cuts a reply into parts anywhere; the first 16 bytes must land in the header
+    /// buffer and the rest, in order, at the start of the payload.
+    #[test]
+    fn a_reply_cut_anywhere_lands_in_header_and_payload() {
+        let queue = Arc::new(Queue::new().unwrap());
+        let entry = Entry::new(0, 64, queue.clone());
+        let reply: Vec<u8> = (0..40).collect();
+        let parts = [&reply[..10], &reply[10..10], &reply[10..17], &reply[17..]];
+        let slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        entry.send(&slices).unwrap();
+        // SAFETY: the entry was never registered: nobody else holds it.
+        let (header, payload) = unsafe { entry.buffers() };
+        assert_eq!(header[..16], reply[..16]);
+        assert_eq!(payload[..24], reply[16..]);
+        assert_eq!(get_u32(header, PAYLOAD_SIZE), 24);
+        assert_eq!(*queue.answered.lock(), vec![0]);
+    }
+
+    #[test]
+    fn a_reply_larger_than_the_payload_becomes_eio() {
+        let queue = Arc::new(Queue::new().unwrap());
+        let entry = Entry::new(3, 8, queue);
+        let reply = [7u8; 16 + 9];
+        assert!(entry.send(&[IoSlice::new(&reply)]).is_err());
+        // SAFETY: as above.
+        let (header, _) = unsafe { entry.buffers() };
+        assert_eq!(get_u32(header, 4) as i32, -libc::EIO);
+        assert_eq!(get_u32(header, PAYLOAD_SIZE), 0);
     }
 }
