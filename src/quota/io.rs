@@ -85,6 +85,25 @@ pub(super) fn block_size(st: &libc::stat) -> u64 {
     (st.st_blksize as u64).clamp(512, 1 << 20)
 }
 
+/// Room a root must have beyond a write's worst case for the worst case to be reserved
+/// without asking the filesystem which blocks of the range exist. That question costs a
+/// system call per write, and on some filesystems far more: tmpfs answers `SEEK_HOLE` by
+/// walking the file's pages from the offset on, a millisecond for a 4 KiB write into a
+/// 256 MiB file. Only near the limit does the exact answer matter: overwriting allocated
+/// data must work in a full root. Above this much room, the worst cases reserved at once
+/// (every request in flight writing a whole span it already has) cannot make another
+/// write fail that the exact answers would have let through.
+const SLACK: u64 = 64 << 20;
+
+/// The bytes of whole blocks that writing `len` bytes at `offset` touches: the most it can
+/// allocate, and what the range spans.
+fn span(st: &libc::stat, offset: u64, len: u64) -> (u64, u64, u64) {
+    let block = block_size(st);
+    let start = offset / block * block;
+    let end = offset.saturating_add(len).div_ceil(block) * block;
+    (start, end, end - start)
+}
+
 /// What writing `len` bytes at `offset` of the file may allocate: the blocks of the range
 /// that have no space yet. Where the filesystem cannot tell (no FIEMAP), a range that
 /// `SEEK_HOLE` finds all data costs only what grows the file, any other the whole range.
@@ -94,9 +113,7 @@ fn estimate(fd: BorrowedFd<'_>, st: &libc::stat, offset: u64, len: u64) -> u64 {
     }
     let block = block_size(st);
     let round_up = |x: u64| x.div_ceil(block) * block;
-    let start = offset / block * block;
-    let end = round_up(offset.saturating_add(len));
-    let whole = end - start;
+    let (start, end, whole) = span(st, offset, len);
     if let Ok(have) = store::fiemap::allocated_between(fd, start, end) {
         return whole.saturating_sub(have);
     }
@@ -155,6 +172,12 @@ fn reserve_fitting(
     offset: u64,
     len: u64,
 ) -> Result<(u64, Reservation), Errno> {
+    let (_, _, worst) = span(st, offset, len);
+    if root.room() >= worst.saturating_add(SLACK) {
+        if let Ok(r) = root.reserve(worst) {
+            return Ok((len, r));
+        }
+    }
     match root.reserve(estimate(fd, st, offset, len)) {
         Ok(r) => Ok((len, r)),
         Err(full) => {
@@ -179,6 +202,53 @@ fn fitting(offset: u64, room: u64, block: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota::table::{Limit, Usage};
+
+    fn root(limit: u64) -> Arc<QuotaRoot> {
+        let limit = Limit {
+            bytes: limit,
+            inodes: None,
+        };
+        Arc::new(QuotaRoot::new(
+            0,
+            0,
+            "q".into(),
+            limit,
+            Usage::default(),
+            Errno::EDQUOT,
+        ))
+    }
+
+    #[test]
+    fn ample_room_takes_the_worst_case_and_a_full_root_the_exact_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("f");
+        std::fs::write(&path, vec![1u8; 1 << 20]).unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        let fd = file.as_fd();
+        let st = store::stat_fd(fd).unwrap();
+        let block = block_size(&st);
+        // Far from the limit: an overwrite of allocated data reserves its span, unasked.
+        let ample = root(1 << 30);
+        let (granted, held) = reserve_fitting(&ample, fd, &st, 100, 4096).unwrap();
+        assert_eq!(granted, 4096);
+        assert_eq!((1 << 30) - ample.room(), 2 * block);
+        drop(held);
+        assert_eq!(ample.room(), 1 << 30);
+        // Near it, only what the write really allocates: none, so even a full root takes it.
+        let full = root(0);
+        let (granted, held) = reserve_fitting(&full, fd, &st, 100, 4096).unwrap();
+        assert_eq!((granted, full.room()), (4096, 0));
+        drop(held);
+        let near = root(SLACK);
+        let (_, _held) = reserve_fitting(&near, fd, &st, 0, 4096).unwrap();
+        assert_eq!(near.room(), SLACK);
+        // A write that does allocate, in a full root, is refused.
+        assert_eq!(
+            reserve_fitting(&full, fd, &st, 1 << 20, 4096).err(),
+            Some(Errno::EDQUOT)
+        );
+    }
 
     #[test]
     fn fitting_counts_whole_blocks_from_the_offset() {
