@@ -18,6 +18,10 @@ ensure_layerfs() {
 
 record() { echo "$1 $2 $3" >>"$RESULTS"; }
 
+# fs_type PATH: the type of the filesystem PATH is on, by name (`stat -f` calls ext4
+# "ext2/ext3", whose magic it shares).
+fs_type() { findmnt -n -o FSTYPE -T "$1" 2>/dev/null | tail -n 1 | grep . || stat -f -c %T "$1"; }
+
 # run_fio WHERE KEY KIND(read|write) FIELD(bw|iops) fio-args...: runs one fio job, logs its
 # figure and records "WHERE KEY VALUE".
 run_fio() {

@@ -169,7 +169,7 @@ done
 ELAPSED=$(( $(date +%s) - START ))
 
 # ---------------------------------------------------------------- report
-fs_type=$(stat -f -c %T "$RUN")
+fs_type=$(fs_type "$RUN")
 cpu_model=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || true)
 {
     echo "## layerfs quota benchmark"

@@ -341,8 +341,8 @@ done
 ELAPSED=$(( $(date +%s) - START ))
 
 # ---------------------------------------------------------------- report
-fs_type=$(stat -f -c %T "$RUN")
-[ "$SCRATCH_FS" = host ] || fs_type="$fs_type (fresh, journaled, in a loop image)"
+fs_type=$(fs_type "$RUN")
+[ "$SCRATCH_FS" = host ] || fs_type="$fs_type (fresh, journaled, in a loop image on $(fs_type "$BASE"))"
 cpu_model=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || true)
 mem_gib=$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
 {

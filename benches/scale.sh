@@ -53,7 +53,8 @@ round() {
     before=$(grep -c "refresh round on SIGUSR1" "$LOG" || true)
     kill -USR1 "$PID"
     while [ "$(grep -c "refresh round on SIGUSR1" "$LOG" || true)" -le "$before" ]; do sleep 0.01; done
-    grep "refresh round on SIGUSR1" "$LOG" | tail -n 1 | sed -n 's/.* ms=\([0-9.]*\).*/\1/p'
+    grep "refresh round on SIGUSR1" "$LOG" | tail -n 1 | sed -n 's/.* ms=\([0-9.]*\).*/\1/p' |
+        awk '{ printf "%.1f", $1 }'
 }
 summary() { grep "refresh round on SIGUSR1" "$LOG" | tail -n 1 | sed 's/.*SIGUSR1 //'; }
 
