@@ -91,6 +91,11 @@ struct Stack {
 
 impl Stack {
     fn new(opts: &str) -> Stack {
+        Stack::limited(opts, None)
+    }
+
+    /// Like [`Stack::new`], with the daemon's open-file limit at `nofile` when given.
+    fn limited(opts: &str, nofile: Option<u64>) -> Stack {
         let dir = tempfile::Builder::new()
             .prefix("layerfs-stall")
             .tempdir()
@@ -103,7 +108,7 @@ impl Stack {
         fs::create_dir(&mnt).unwrap();
         let carrier = Carrier::start(&real, &dir.path().join("carrier"));
         let opts = format!("allow_other,refresh=1s{opts}");
-        let view = RawMount::start(&carrier.mnt, &local, &mnt, &["-o", &opts]);
+        let view = RawMount::start_limited(&carrier.mnt, &local, &mnt, &["-o", &opts], nofile);
         Stack {
             view: Some(view),
             carrier,
@@ -324,6 +329,54 @@ fn local_paths_answer_with_the_remote_frozen(opts: &str) {
     for (path, content) in &files {
         assert_eq!(&fs::read(path).unwrap(), content, "{}", path.display());
     }
+}
+
+/// Dropping names from the kernel's cache must not wait on the remote. The kernel drops a
+/// name only with its directory locked, and a lookup stuck on the frozen remote holds that
+/// directory. With the names used longest ago in such a directory, a walk over local files
+/// past the daemon's open-file limit must still get its names dropped, and succeed.
+#[test]
+fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
+    const NOFILE: u64 = 512;
+    let mut s = Stack::limited("", Some(NOFILE));
+    // The names used longest ago: every entry of a remote layer's directory.
+    let diff = s.path(&format!("overlay/RO/{}/diff", id("L1")));
+    let entries = names(&diff);
+    assert!(!entries.is_empty());
+    for name in &entries {
+        fs::symlink_metadata(diff.join(name)).unwrap();
+    }
+    s.carrier.freeze();
+    // A lookup there waits for the remote, and holds the directory meanwhile.
+    let mut stuck = Command::new("stat")
+        .arg(diff.join("not-seen-before"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(stuck.try_wait().unwrap().is_none(), "the lookup answered");
+
+    let walk = s.path("walk");
+    let walked = common::live(120, "a local walk past the open-file limit", move || {
+        fs::create_dir(&walk).map_err(|e| format!("mkdir: {e}"))?;
+        for round in 0..2 {
+            for i in 0..3 * NOFILE {
+                let f = walk.join(format!("f{i}"));
+                let done = match round {
+                    0 => fs::write(&f, i.to_string()),
+                    _ => fs::symlink_metadata(&f).map(drop),
+                };
+                done.map_err(|e| format!("f{i} (round {round}): {e}"))?;
+            }
+        }
+        Ok::<(), String>(())
+    });
+    s.carrier.thaw();
+    let status = stuck.wait().unwrap();
+    walked.unwrap();
+    // Not there: the stat fails, but it answered.
+    assert!(!status.success());
 }
 
 /// Not a check but a measurement (`cargo test --release --test remote_stall -- --ignored

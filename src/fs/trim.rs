@@ -8,6 +8,12 @@
 //! inode nothing uses is evicted at once, so the kernel forgets those nodes and their
 //! handles close. A name is looked up again, at the cost of one round trip, when next used.
 //!
+//! The kernel drops a name only with its directory locked, and a lookup waiting on a
+//! stalled remote holds its directory (shared) for as long as the remote stalls. Names in
+//! directories whose lookups may ask the remote are therefore dropped by a thread of their
+//! own, which such a stall may hold up, while the names in local directories go on being
+//! dropped: local paths keep their descriptors whatever the remote does.
+//!
 //! The kernel detaches every mount on or below a name it is told to drop, so the names of
 //! mountpoints in the view and of the directories above them are never dropped: a
 //! container's root mounted on `overlay/<cid>/merged` must outlive any walk. The mounts are
@@ -15,6 +21,7 @@
 //! sees is not known here.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -28,6 +35,10 @@ use crate::view::View;
 
 /// How often the table is measured when it does not call.
 const EVERY: Duration = Duration::from_secs(1);
+/// Names in directories that may wait on the remote, queued for their own thread. Past
+/// this, while a stall holds that thread up, more are not queued: a later round picks
+/// them again.
+const QUEUED_NEAR_REMOTE: usize = 4096;
 
 /// Starts watching the inode table of `view`, mounted at `mountpoint`, for as long as the
 /// view lives.
@@ -41,6 +52,7 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
     view.inodes.watch(high, tell);
     // Opened now: a round is most needed when the daemon has no descriptor left to open it.
     let mut table = mountinfo::Table::open()?;
+    let near_remote = spawn_near_remote(notifier.clone())?;
     let view: Weak<View> = Arc::downgrade(view);
     std::thread::Builder::new()
         .name("trim".into())
@@ -67,11 +79,30 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
                     "dropping least used names from the kernel's cache"
                 );
                 for (parent, name) in names {
-                    let _ = notifier.inval_entry(INodeNo(parent), &name);
+                    if view.dir_may_wait(parent) {
+                        let _ = near_remote.try_send((parent, name));
+                    } else {
+                        let _ = notifier.inval_entry(INodeNo(parent), &name);
+                    }
                 }
             }
         })
         .map(drop)
+}
+
+/// Starts the thread that drops the names queued to it, which a stalled remote may hold up.
+fn spawn_near_remote(
+    notifier: Notifier,
+) -> std::io::Result<crossbeam_channel::Sender<(u64, OsString)>> {
+    let (queue, queued) = crossbeam_channel::bounded::<(u64, OsString)>(QUEUED_NEAR_REMOTE);
+    std::thread::Builder::new()
+        .name("trim-remote".into())
+        .spawn(move || {
+            for (parent, name) in queued {
+                let _ = notifier.inval_entry(INodeNo(parent), &name);
+            }
+        })?;
+    Ok(queue)
 }
 
 /// The paths, relative to the view's root, of everything mounted on the view and of every

@@ -30,6 +30,18 @@ impl View {
             .is_some_and(|node| node.zone == Zone::Shared && names_remote(&node))
     }
 
+    /// Whether a request in the directory `dir` may wait on the remote while the kernel
+    /// holds the directory locked: a lookup of a name in it may ask the remote.
+    pub fn dir_may_wait(&self, dir: u64) -> bool {
+        let Some(node) = self.inodes.get(dir) else {
+            return false;
+        };
+        match node.zone {
+            Zone::Shared => names_remote(&node),
+            zone => zone.lists_shared(),
+        }
+    }
+
     /// Whether reading the object `ino` or its attributes, or copying it up, may ask the
     /// remote: it lives there (only objects of shared objects can).
     pub fn object_may_wait(&self, ino: u64) -> bool {
