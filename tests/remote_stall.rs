@@ -91,11 +91,12 @@ struct Stack {
 
 impl Stack {
     fn new(opts: &str) -> Stack {
-        Stack::limited(opts, None)
+        Stack::with(opts, None, |_| {})
     }
 
-    /// Like [`Stack::new`], with the daemon's open-file limit at `nofile` when given.
-    fn limited(opts: &str, nofile: Option<u64>) -> Stack {
+    /// Like [`Stack::new`], with the daemon's open-file limit at `nofile` when given, and
+    /// `prepare` run on the remote's tree before anything is mounted on it.
+    fn with(opts: &str, nofile: Option<u64>, prepare: impl FnOnce(&Path)) -> Stack {
         let dir = tempfile::Builder::new()
             .prefix("layerfs-stall")
             .tempdir()
@@ -104,6 +105,7 @@ impl Stack {
         let local = dir.path().join("local");
         let mnt = dir.path().join("mnt");
         copy_tree(&repo().join("fixtures/remote"), &real);
+        prepare(&real);
         fs::create_dir(&local).unwrap();
         fs::create_dir(&mnt).unwrap();
         let carrier = Carrier::start(&real, &dir.path().join("carrier"));
@@ -338,18 +340,26 @@ fn local_paths_answer_with_the_remote_frozen(opts: &str) {
 #[test]
 fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
     const NOFILE: u64 = 512;
-    let mut s = Stack::limited("", Some(NOFILE));
-    // The names used longest ago: every entry of a remote layer's directory.
-    let diff = s.path(&format!("overlay/RO/{}/diff", id("L1")));
-    let entries = names(&diff);
-    assert!(!entries.is_empty());
+    // The names used longest ago: more remote ones than a round of trimming drops (the
+    // daemon trims past 40 % of its limit down to 25 %), all in one remote directory,
+    // yet fewer than start the trimming on their own.
+    let rel = format!("overlay/RO/{}/diff/many", id("L1"));
+    let mut s = Stack::with("", Some(NOFILE), |real| {
+        fs::create_dir(real.join(&rel)).unwrap();
+        for i in 0..150 {
+            fs::write(real.join(&rel).join(format!("r{i}")), "remote").unwrap();
+        }
+    });
+    let many = s.path(&rel);
+    let entries = names(&many);
+    assert_eq!(entries.len(), 150);
     for name in &entries {
-        fs::symlink_metadata(diff.join(name)).unwrap();
+        fs::symlink_metadata(many.join(name)).unwrap();
     }
     s.carrier.freeze();
     // A lookup there waits for the remote, and holds the directory meanwhile.
     let mut stuck = Command::new("stat")
-        .arg(diff.join("not-seen-before"))
+        .arg(many.join("not-seen-before"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -12,7 +12,8 @@
 //! stalled remote holds its directory (shared) for as long as the remote stalls. Names in
 //! directories whose lookups may ask the remote are therefore dropped by a thread of their
 //! own, which such a stall may hold up, while the names in local directories go on being
-//! dropped: local paths keep their descriptors whatever the remote does.
+//! dropped: local paths keep their descriptors whatever the remote does. While that thread
+//! is behind, a round takes as many more names as it handed it, since those free nothing.
 //!
 //! The kernel detaches every mount on or below a name it is told to drop, so the names of
 //! mountpoints in the view and of the directories above them are never dropped: a
@@ -72,7 +73,17 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
                     }
                 };
                 let pinned = pinned(&mounts, &mountpoint);
-                let names = view.least_used_names(live - low, &pinned);
+                let want = live - low;
+                let mut names = view.least_used_names(want, &pinned);
+                // While a stall holds up the thread dropping the names near the remote (its
+                // queue does not drain), those free nothing: as many more are taken, so
+                // that local names go on being dropped.
+                if !near_remote.is_empty() {
+                    let near = names.iter().filter(|(p, _)| view.dir_may_wait(*p)).count();
+                    if near > 0 {
+                        names = view.least_used_names(want + near, &pinned);
+                    }
+                }
                 debug!(
                     live,
                     names = names.len(),
