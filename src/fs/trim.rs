@@ -21,7 +21,7 @@
 //! read from this process's mount table each round; a mount only another mount namespace
 //! sees is not known here.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
@@ -73,15 +73,22 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
                     }
                 };
                 let pinned = pinned(&mounts, &mountpoint);
+                // Asked once per directory: a round drops thousands of names from a few.
+                let mut dirs = HashMap::new();
+                let mut near = |parent: u64| {
+                    *dirs
+                        .entry(parent)
+                        .or_insert_with(|| view.dir_may_wait(parent))
+                };
                 let want = live - low;
                 let mut names = view.least_used_names(want, &pinned);
                 // While a stall holds up the thread dropping the names near the remote (its
                 // queue does not drain), those free nothing: as many more are taken, so
                 // that local names go on being dropped.
                 if !near_remote.is_empty() {
-                    let near = names.iter().filter(|(p, _)| view.dir_may_wait(*p)).count();
-                    if near > 0 {
-                        names = view.least_used_names(want + near, &pinned);
+                    let held = names.iter().filter(|(p, _)| near(*p)).count();
+                    if held > 0 {
+                        names = view.least_used_names(want + held, &pinned);
                     }
                 }
                 debug!(
@@ -90,7 +97,7 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
                     "dropping least used names from the kernel's cache"
                 );
                 for (parent, name) in names {
-                    if view.dir_may_wait(parent) {
+                    if near(parent) {
                         let _ = near_remote.try_send((parent, name));
                     } else {
                         let _ = notifier.inval_entry(INodeNo(parent), &name);
