@@ -339,20 +339,20 @@ fn local_paths_answer_with_the_remote_frozen(opts: &str) {
 /// past the daemon's open-file limit must still get its names dropped, and succeed.
 #[test]
 fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
-    const NOFILE: u64 = 512;
+    const NOFILE: u64 = 1024;
     // The names used longest ago: more remote ones than a round of trimming drops (the
     // daemon trims past 40 % of its limit down to 25 %), all in one remote directory,
     // yet fewer than start the trimming on their own.
     let rel = format!("overlay/RO/{}/diff/many", id("L1"));
     let mut s = Stack::with("", Some(NOFILE), |real| {
         fs::create_dir(real.join(&rel)).unwrap();
-        for i in 0..150 {
+        for i in 0..300 {
             fs::write(real.join(&rel).join(format!("r{i}")), "remote").unwrap();
         }
     });
     let many = s.path(&rel);
     let entries = names(&many);
-    assert_eq!(entries.len(), 150);
+    assert_eq!(entries.len(), 300);
     for name in &entries {
         fs::symlink_metadata(many.join(name)).unwrap();
     }
