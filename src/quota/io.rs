@@ -95,13 +95,11 @@ pub(super) fn block_size(st: &libc::stat) -> u64 {
 /// write fail that the exact answers would have let through.
 const SLACK: u64 = 64 << 20;
 
-/// The bytes of whole blocks that writing `len` bytes at `offset` touches: the most it can
-/// allocate, and what the range spans.
-fn span(st: &libc::stat, offset: u64, len: u64) -> (u64, u64, u64) {
+/// The whole blocks that writing `len` bytes at `offset` touches, as a byte range: its
+/// length is the most the write can allocate.
+fn span(st: &libc::stat, offset: u64, len: u64) -> std::ops::Range<u64> {
     let block = block_size(st);
-    let start = offset / block * block;
-    let end = offset.saturating_add(len).div_ceil(block) * block;
-    (start, end, end - start)
+    offset / block * block..offset.saturating_add(len).div_ceil(block) * block
 }
 
 /// What writing `len` bytes at `offset` of the file may allocate: the blocks of the range
@@ -113,7 +111,8 @@ fn estimate(fd: BorrowedFd<'_>, st: &libc::stat, offset: u64, len: u64) -> u64 {
     }
     let block = block_size(st);
     let round_up = |x: u64| x.div_ceil(block) * block;
-    let (start, end, whole) = span(st, offset, len);
+    let std::ops::Range { start, end } = span(st, offset, len);
+    let whole = end - start;
     if let Ok(have) = store::fiemap::allocated_between(fd, start, end) {
         return whole.saturating_sub(have);
     }
@@ -172,7 +171,8 @@ fn reserve_fitting(
     offset: u64,
     len: u64,
 ) -> Result<(u64, Reservation), Errno> {
-    let (_, _, worst) = span(st, offset, len);
+    let range = span(st, offset, len);
+    let worst = range.end - range.start;
     if root.room() >= worst.saturating_add(SLACK) {
         if let Ok(r) = root.reserve(worst) {
             return Ok((len, r));
