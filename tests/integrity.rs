@@ -191,55 +191,6 @@ impl Drop for Watchdog {
     }
 }
 
-/// A kernel overlayfs mount, unmounted on drop (before the view it stacks on).
-struct Overlay {
-    target: PathBuf,
-}
-
-impl Overlay {
-    fn mount(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Overlay {
-        let out = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o"])
-            .arg(format!(
-                "lowerdir={},upperdir={},workdir={}",
-                lower.display(),
-                upper.display(),
-                work.display()
-            ))
-            .arg(target)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success() && is_mounted(target),
-            "overlayfs over the view: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Overlay {
-            target: target.to_owned(),
-        }
-    }
-}
-
-impl Drop for Overlay {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while is_mounted(&self.target) {
-            let _ = Command::new("umount")
-                .arg(&self.target)
-                .stderr(Stdio::null())
-                .status();
-            if Instant::now() > deadline {
-                let _ = Command::new("umount").arg("-l").arg(&self.target).status();
-                break;
-            }
-            if is_mounted(&self.target) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-}
-
 fn quota_set(m: &Mount, rel: &str, size: &str) {
     let out = quota_cmd(m, "set", &[rel, size]);
     assert!(
@@ -1400,7 +1351,8 @@ fn deleting_and_renaming_work_in_a_full_quota_root() {
     fs::create_dir(&merged).unwrap();
     let mut failures = Vec::new();
     {
-        let _ov = Overlay::mount(&m.diff("L1"), &upper, &work, &merged);
+        let _ov = Overlay::mount(&[m.diff("L1")], &upper, &work, &merged)
+            .expect("overlayfs over the view");
         // Before the root is full: a layer file changed (copied up, with its parent), and
         // the directories that will lose entries brought up (overlayfs copies up the
         // parents of what it deletes, and a directory needs a block).

@@ -5,66 +5,9 @@ mod common;
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
-
-/// A kernel overlayfs mount, unmounted on drop (before the view it stacks on).
-struct Overlay {
-    target: PathBuf,
-}
-
-impl Overlay {
-    fn mount(
-        lowers: &[PathBuf],
-        upper: &Path,
-        work: &Path,
-        target: &Path,
-    ) -> Result<Overlay, String> {
-        let lowerdir = lowers
-            .iter()
-            .map(|p| p.to_str().expect("a UTF-8 path").to_owned())
-            .collect::<Vec<_>>()
-            .join(":");
-        let out = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o"])
-            .arg(format!(
-                "lowerdir={lowerdir},upperdir={},workdir={}",
-                upper.display(),
-                work.display()
-            ))
-            .arg(target)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run mount");
-        if out.status.success() && is_mounted(target) {
-            Ok(Overlay {
-                target: target.to_owned(),
-            })
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
-}
-
-impl Drop for Overlay {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while is_mounted(&self.target) {
-            let _ = Command::new("umount").arg(&self.target).status();
-            if Instant::now() > deadline {
-                let _ = Command::new("umount").arg("-l").arg(&self.target).status();
-                break;
-            }
-            if is_mounted(&self.target) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-}
 
 /// Image A's chain, top first, as `lowerdir` wants it: L4:L3:L2:L1 through `overlay/l/`.
 fn image_a_lowers(m: &Mount) -> Vec<PathBuf> {
@@ -224,40 +167,7 @@ fn overlayfs_with_upper_dir_inside_the_view() {
 fn a_mode_set_through_an_acl_is_what_overlayfs_stacked_at_once_sees() {
     let m = Mount::new();
     let scratch = tempfile::tempdir().unwrap();
-    let src = scratch.path().join("layer");
-    fs::create_dir_all(src.join("etc/conf.d")).unwrap();
-    fs::write(src.join("etc/conf.d/f"), "readable\n").unwrap();
-    for dir in ["", "etc", "etc/conf.d"] {
-        fs::set_permissions(src.join(dir), fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    fs::set_permissions(src.join("etc/conf.d/f"), fs::Permissions::from_mode(0o644)).unwrap();
-    let copied = m.path("copied-layer");
-    let out = Command::new("cp")
-        .arg("-a")
-        .arg(&src)
-        .arg(&copied)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    let (upper, work, merged) = (
-        scratch.path().join("upper"),
-        scratch.path().join("work"),
-        scratch.path().join("merged"),
-    );
-    for dir in [&upper, &work, &merged] {
-        fs::create_dir(dir).unwrap();
-    }
-    fs::set_permissions(scratch.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let _ov = Overlay::mount(&[copied], &upper, &work, &merged).unwrap();
-    let (ok, out) = sh_as_nobody(&format!(
-        "ls '{0}/etc/conf.d' && cat '{0}/etc/conf.d/f'",
-        merged.display()
-    ));
+    let (ok, out) = read_a_copied_layer_as_nobody(&m.path("copied-layer"), scratch.path());
     assert!(ok, "a caller other than root: {out}");
     assert_eq!(out, "f\nreadable\n");
 }

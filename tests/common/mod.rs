@@ -974,3 +974,99 @@ impl Drop for RingOffered {
         let _ = fs::write(URING_PARAM, self.before.trim());
     }
 }
+
+/// A kernel overlayfs mount, unmounted on drop (before the view it stacks on).
+pub struct Overlay {
+    target: PathBuf,
+}
+
+impl Overlay {
+    pub fn mount(
+        lowers: &[PathBuf],
+        upper: &Path,
+        work: &Path,
+        target: &Path,
+    ) -> Result<Overlay, String> {
+        let lowerdir = lowers
+            .iter()
+            .map(|p| p.to_str().expect("a UTF-8 path").to_owned())
+            .collect::<Vec<_>>()
+            .join(":");
+        let out = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o"])
+            .arg(format!(
+                "lowerdir={lowerdir},upperdir={},workdir={}",
+                upper.display(),
+                work.display()
+            ))
+            .arg(target)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run mount");
+        if out.status.success() && is_mounted(target) {
+            Ok(Overlay {
+                target: target.to_owned(),
+            })
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while is_mounted(&self.target) {
+            let _ = Command::new("umount")
+                .arg(&self.target)
+                .stderr(Stdio::null())
+                .status();
+            if Instant::now() > deadline {
+                let _ = Command::new("umount").arg("-l").arg(&self.target).status();
+                break;
+            }
+            if is_mounted(&self.target) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Copies a small layer (directories 0755, `etc/conf.d/f` 0644 holding "readable") to
+/// `into` with `cp -a`, as a runtime copies a layer in, stacks kernel overlayfs on the copy
+/// (its own directories in `scratch`), and reads `etc/conf.d` and the file there as
+/// `nobody`: whether that succeeded, and what it printed.
+pub fn read_a_copied_layer_as_nobody(into: &Path, scratch: &Path) -> (bool, String) {
+    let src = scratch.join("layer");
+    fs::create_dir_all(src.join("etc/conf.d")).unwrap();
+    fs::write(src.join("etc/conf.d/f"), "readable\n").unwrap();
+    for dir in ["", "etc", "etc/conf.d"] {
+        fs::set_permissions(src.join(dir), fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::set_permissions(src.join("etc/conf.d/f"), fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(into)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cp -a: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (upper, work, merged) = (
+        scratch.join("upper"),
+        scratch.join("work"),
+        scratch.join("merged"),
+    );
+    for dir in [&upper, &work, &merged] {
+        fs::create_dir(dir).unwrap();
+    }
+    fs::set_permissions(scratch, fs::Permissions::from_mode(0o755)).unwrap();
+    let _ov = Overlay::mount(&[into.to_owned()], &upper, &work, &merged).unwrap();
+    sh_as_nobody(&format!(
+        "ls '{0}/etc/conf.d' && cat '{0}/etc/conf.d/f'",
+        merged.display()
+    ))
+}
