@@ -131,7 +131,9 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         })?;
     notices
         .start(session.notifier(), device)
-        .and_then(|()| crate::fs::trim::spawn(&view, session.notifier(), &config.mountpoint))
+        .and_then(|()| {
+            crate::fs::trim::spawn(&view, session.notifier(), notices, &config.mountpoint)
+        })
         .map_err(|source| Error::Mount {
             path: config.mountpoint.clone(),
             source,

@@ -10,6 +10,7 @@ mod common;
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -122,6 +123,22 @@ impl Stack {
 
     fn path(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
+    }
+
+    /// Freezes the remote and starts a lookup of a new name in `dir`, a directory of the
+    /// view whose lookups ask the remote: it waits for the remote, and holds the directory
+    /// (shared) in the kernel meanwhile. The lookup's `stat` fails once the remote thaws.
+    fn freeze_with_a_lookup_stuck_in(&mut self, dir: &Path) -> Child {
+        self.carrier.freeze();
+        let mut stuck = Command::new("stat")
+            .arg(dir.join("not-seen-before"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(stuck.try_wait().unwrap().is_none(), "the lookup answered");
+        stuck
     }
 
     /// The remote files of the fixture, as (path in the view, content).
@@ -356,16 +373,7 @@ fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
     for name in &entries {
         fs::symlink_metadata(many.join(name)).unwrap();
     }
-    s.carrier.freeze();
-    // A lookup there waits for the remote, and holds the directory meanwhile.
-    let mut stuck = Command::new("stat")
-        .arg(many.join("not-seen-before"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(stuck.try_wait().unwrap().is_none(), "the lookup answered");
+    let mut stuck = s.freeze_with_a_lookup_stuck_in(&many);
 
     let walk = s.path("walk");
     let walked = common::live(120, "a local walk past the open-file limit", move || {
@@ -387,6 +395,48 @@ fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
     walked.unwrap();
     // Not there: the stat fails, but it answered.
     assert!(!status.success());
+}
+
+/// Notices from request handlers must not wait on the remote either. Setting an access ACL
+/// sets the mode, and the file's names are expired then so that overlayfs stacked on the
+/// view sees that mode (see tests/stacking.rs); the kernel expires a name only with its
+/// directory locked. An ACL set beside a lookup stuck on the frozen remote holds its own
+/// notice up until the remote answers; a layer copied into a local directory meanwhile must
+/// still show its modes to overlayfs stacked on it.
+#[test]
+fn local_name_notices_go_on_while_a_remote_lookup_is_stuck() {
+    let mut s = Stack::new("");
+    // The view must be reachable by a caller other than root.
+    fs::set_permissions(s._dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = s.path(&format!("overlay/RO/{}/diff", id("L1")));
+    let beside = shared.join("local-beside-remote");
+    fs::write(&beside, "local\n").unwrap();
+    let mut stuck = s.freeze_with_a_lookup_stuck_in(&shared);
+    let acl = live(
+        "an ACL set on a local file beside the stuck lookup",
+        move || {
+            Command::new("setfacl")
+                .args(["-m", "u:65534:r"])
+                .arg(&beside)
+                .output()
+                .unwrap()
+        },
+    );
+    assert!(
+        acl.status.success(),
+        "{}",
+        String::from_utf8_lossy(&acl.stderr)
+    );
+
+    let copied = s.path("copied-layer");
+    let (ok, out) = live("a layer copied in and read through overlayfs", move || {
+        let scratch = tempfile::tempdir().unwrap();
+        read_a_copied_layer_as_nobody(&copied, scratch.path())
+    });
+    s.carrier.thaw();
+    assert!(!stuck.wait().unwrap().success());
+    assert!(ok, "a caller other than root: {out}");
+    assert_eq!(out, "f\nreadable\n");
 }
 
 /// Not a check but a measurement (`cargo test --release --test remote_stall -- --ignored

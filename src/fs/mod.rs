@@ -98,6 +98,7 @@ pub struct Core {
 impl Core {
     fn new(view: Arc<View>, timeouts: Timeouts, transport: Transport) -> Core {
         Core {
+            notices: Arc::new(Notices::new(&view)),
             view,
             handles: HandleTable::new(),
             backing: BackingTable::default(),
@@ -106,7 +107,6 @@ impl Core {
             passthrough: AtomicBool::new(false),
             want_ring: transport.io_uring,
             ring: Arc::new(AtomicBool::new(false)),
-            notices: Arc::new(Notices::default()),
         }
     }
 

@@ -2,9 +2,16 @@
 //!
 //! Dropping a name (`inval_entry`) takes the kernel's lock on its directory, which the
 //! request being served may hold (an open with `O_CREAT` does): names are queued and sent by
-//! a thread of their own. Dropping an inode's attributes (`inval_inode` with a negative
+//! threads of their own. Dropping an inode's attributes (`inval_inode` with a negative
 //! offset) takes no lock, neither the inode's nor its pages', and is sent at once, before
 //! the reply: no attribute cached before it can be used after the request.
+//!
+//! A lookup waiting on a stalled remote holds its directory (shared) for as long as the
+//! remote stalls, and a notice for a name there waits as long. Names in directories whose
+//! lookups may ask the remote (`View::dir_may_wait`) therefore have a queue and a thread of
+//! their own, which such a stall may hold up; the names in local directories go on being
+//! sent. The trimming of the kernel's cache hands its names near the remote to that queue
+//! too (see `fs::trim`).
 //!
 //! Dropping a name also detaches whatever is mounted on or below it. Where only the
 //! attributes behind a name must be fetched again, the name is *expired* instead
@@ -18,12 +25,18 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 use crossbeam_channel::{Receiver, Sender};
 use fuser::{INodeNo, Notifier};
 use parking_lot::Mutex;
 use tracing::debug;
+
+use crate::view::View;
+
+/// Names a trim round may leave queued near the remote. Past this, while a stall holds
+/// that queue up, it queues no more: a later round picks them again.
+const TRIM_BACKLOG: usize = 4096;
 
 /// What is done to a name.
 enum Name {
@@ -31,62 +44,58 @@ enum Name {
     Expire(u64, OsString),
 }
 
-pub struct Notices {
-    kernel: OnceLock<Notifier>,
-    names: Sender<Name>,
-    /// The queue's other end, until [`Notices::start`] hands it to its thread.
-    pending: Mutex<Option<Receiver<Name>>>,
-    /// The kernel offered `FUSE_HAS_EXPIRE_ONLY` at init (which may come after `start`).
-    expire_only: Arc<AtomicBool>,
+/// The queues' other ends, until [`Notices::start`] hands them to their threads.
+struct Pending {
+    local: Receiver<Name>,
+    near_remote: Receiver<Name>,
 }
 
-impl Default for Notices {
-    fn default() -> Self {
-        let (names, pending) = crossbeam_channel::unbounded();
-        Notices {
-            kernel: OnceLock::new(),
-            names,
-            pending: Mutex::new(Some(pending)),
-            expire_only: Arc::default(),
-        }
-    }
+pub struct Notices {
+    kernel: OnceLock<Notifier>,
+    /// Names in directories whose lookups never ask the remote.
+    local: Sender<Name>,
+    /// Names in directories whose lookups may ask the remote: a stall may hold these up.
+    near_remote: Sender<Name>,
+    pending: Mutex<Option<Pending>>,
+    /// The kernel offered `FUSE_HAS_EXPIRE_ONLY` at init (which may come after `start`).
+    expire_only: Arc<AtomicBool>,
+    /// Which directories may wait on the remote. Weak, so that whoever still holds the
+    /// notices after unmounting does not keep the view alive.
+    view: Weak<View>,
 }
 
 impl Notices {
+    pub fn new(view: &Arc<View>) -> Notices {
+        let (local, local_pending) = crossbeam_channel::unbounded();
+        let (near_remote, near_remote_pending) = crossbeam_channel::unbounded();
+        Notices {
+            kernel: OnceLock::new(),
+            local,
+            near_remote,
+            pending: Mutex::new(Some(Pending {
+                local: local_pending,
+                near_remote: near_remote_pending,
+            })),
+            expire_only: Arc::default(),
+            view: Arc::downgrade(view),
+        }
+    }
+
     /// Starts sending, once the session exists. Until then notices are dropped or queued:
     /// before the session the kernel caches nothing. `device` is a second descriptor of the
     /// session's `/dev/fuse`, for the notices fuser cannot send.
     pub fn start(&self, notifier: Notifier, device: Option<OwnedFd>) -> io::Result<()> {
-        let Some(queue) = self.pending.lock().take() else {
+        let Some(pending) = self.pending.lock().take() else {
             return Ok(());
         };
         let _ = self.kernel.set(notifier.clone());
-        let expire_only = self.expire_only.clone();
-        std::thread::Builder::new()
-            .name("notices".into())
-            .spawn(move || {
-                // Ends when the filesystem, and with it the sending side, goes away.
-                for notice in queue {
-                    let (what, parent, name, sent) = match notice {
-                        Name::Drop(parent, name) => {
-                            let sent = notifier.inval_entry(INodeNo(parent), &name);
-                            ("dropping", parent, name, sent)
-                        }
-                        Name::Expire(parent, name) => {
-                            let Some(device) = &device else { continue };
-                            if !expire_only.load(Ordering::Relaxed) {
-                                continue;
-                            }
-                            let sent = expire_entry(device, parent, &name);
-                            ("expiring", parent, name, sent)
-                        }
-                    };
-                    if let Err(e) = sent {
-                        debug!(error = %e, parent, name = ?name, "{what} a cached name failed");
-                    }
-                }
-            })
-            .map(drop)
+        let courier = Arc::new(Courier {
+            notifier,
+            device,
+            expire_only: self.expire_only.clone(),
+        });
+        courier.clone().spawn("notices", pending.local)?;
+        courier.spawn("notices-remote", pending.near_remote)
     }
 
     /// Whether the kernel can expire names without dropping them (asked at init).
@@ -96,13 +105,27 @@ impl Notices {
 
     /// Makes the kernel look `name` of `parent` up again, detaching what is mounted there.
     pub fn drop_name(&self, parent: u64, name: OsString) {
-        let _ = self.names.send(Name::Drop(parent, name));
+        let _ = self.queue_of(parent).send(Name::Drop(parent, name));
     }
 
     /// Makes the kernel look `name` of `parent` up again at its next use, keeping the
     /// name and whatever is mounted on it.
     pub fn expire_name(&self, parent: u64, name: OsString) {
-        let _ = self.names.send(Name::Expire(parent, name));
+        let _ = self.queue_of(parent).send(Name::Expire(parent, name));
+    }
+
+    /// Drops a name a trim round picked in a directory that may wait on the remote (the
+    /// round asks [`View::dir_may_wait`] once per directory, not per name). Not queued
+    /// while [`TRIM_BACKLOG`] names wait near the remote.
+    pub fn trim_near_remote(&self, parent: u64, name: OsString) {
+        if self.near_remote.len() < TRIM_BACKLOG {
+            let _ = self.near_remote.send(Name::Drop(parent, name));
+        }
+    }
+
+    /// Whether names near the remote wait to be sent: a stall may be holding them up.
+    pub fn near_remote_waiting(&self) -> bool {
+        !self.near_remote.is_empty()
     }
 
     /// Makes the kernel ask for the attributes of `ino` again.
@@ -111,6 +134,50 @@ impl Notices {
             if let Err(e) = kernel.inval_inode(INodeNo(ino), -1, 0) {
                 debug!(error = %e, ino, "dropping cached attributes failed");
             }
+        }
+    }
+
+    fn queue_of(&self, parent: u64) -> &Sender<Name> {
+        match self.view.upgrade() {
+            Some(view) if view.dir_may_wait(parent) => &self.near_remote,
+            _ => &self.local,
+        }
+    }
+}
+
+/// What sends the notices of a queue, shared by the threads of both.
+struct Courier {
+    notifier: Notifier,
+    device: Option<OwnedFd>,
+    expire_only: Arc<AtomicBool>,
+}
+
+impl Courier {
+    fn spawn(self: Arc<Self>, thread: &str, queue: Receiver<Name>) -> io::Result<()> {
+        std::thread::Builder::new()
+            .name(thread.into())
+            // Ends when the filesystem, and with it the sending side, goes away.
+            .spawn(move || queue.into_iter().for_each(|notice| self.send(notice)))
+            .map(drop)
+    }
+
+    fn send(&self, notice: Name) {
+        let (what, parent, name, sent) = match notice {
+            Name::Drop(parent, name) => {
+                let sent = self.notifier.inval_entry(INodeNo(parent), &name);
+                ("dropping", parent, name, sent)
+            }
+            Name::Expire(parent, name) => {
+                let Some(device) = &self.device else { return };
+                if !self.expire_only.load(Ordering::Relaxed) {
+                    return;
+                }
+                let sent = expire_entry(device, parent, &name);
+                ("expiring", parent, name, sent)
+            }
+        };
+        if let Err(e) = sent {
+            debug!(error = %e, parent, name = ?name, "{what} a cached name failed");
         }
     }
 }

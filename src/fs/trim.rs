@@ -10,10 +10,11 @@
 //!
 //! The kernel drops a name only with its directory locked, and a lookup waiting on a
 //! stalled remote holds its directory (shared) for as long as the remote stalls. Names in
-//! directories whose lookups may ask the remote are therefore dropped by a thread of their
-//! own, which such a stall may hold up, while the names in local directories go on being
-//! dropped: local paths keep their descriptors whatever the remote does. While that thread
-//! is behind, a round takes as many more names as it handed it, since those free nothing.
+//! directories whose lookups may ask the remote are therefore handed to the notices' queue
+//! near the remote (see `fs::notify`), which such a stall may hold up, while this thread goes
+//! on dropping the names in local directories: local paths keep their descriptors whatever
+//! the remote does. While that queue is held up, a round takes as many more names as it
+//! handed it, since those free nothing.
 //!
 //! The kernel detaches every mount on or below a name it is told to drop, so the names of
 //! mountpoints in the view and of the directories above them are never dropped: a
@@ -22,7 +23,6 @@
 //! sees is not known here.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -31,19 +31,21 @@ use fuser::{INodeNo, Notifier};
 use tracing::{debug, warn};
 
 use crate::fs::kernel_mount::FSTYPE;
+use crate::fs::notify::Notices;
 use crate::store::mountinfo;
 use crate::view::View;
 
 /// How often the table is measured when it does not call.
 const EVERY: Duration = Duration::from_secs(1);
-/// Names in directories that may wait on the remote, queued for their own thread. Past
-/// this, while a stall holds that thread up, more are not queued: a later round picks
-/// them again.
-const QUEUED_NEAR_REMOTE: usize = 4096;
 
 /// Starts watching the inode table of `view`, mounted at `mountpoint`, for as long as the
-/// view lives.
-pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io::Result<()> {
+/// view lives. Names near the remote go to `notices`.
+pub fn spawn(
+    view: &Arc<View>,
+    notifier: Notifier,
+    notices: Arc<Notices>,
+    mountpoint: &Path,
+) -> std::io::Result<()> {
     let mountpoint = mountinfo::resolve_mountpoint(mountpoint);
     let limit = open_file_limit();
     // Nodes, not descriptors: a merged directory holds two, open files hold one more each,
@@ -53,7 +55,6 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
     view.inodes.watch(high, tell);
     // Opened now: a round is most needed when the daemon has no descriptor left to open it.
     let mut table = mountinfo::Table::open()?;
-    let near_remote = spawn_near_remote(notifier.clone())?;
     let view: Weak<View> = Arc::downgrade(view);
     std::thread::Builder::new()
         .name("trim".into())
@@ -82,10 +83,10 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
                 };
                 let want = live - low;
                 let mut names = view.least_used_names(want, &pinned);
-                // While a stall holds up the thread dropping the names near the remote (its
-                // queue does not drain), those free nothing: as many more are taken, so
-                // that local names go on being dropped.
-                if !near_remote.is_empty() {
+                // While a stall holds up the names near the remote (their queue does not
+                // drain), those free nothing: as many more are taken, so that local names
+                // go on being dropped.
+                if notices.near_remote_waiting() {
                     let held = names.iter().filter(|(p, _)| near(*p)).count();
                     if held > 0 {
                         names = view.least_used_names(want + held, &pinned);
@@ -98,7 +99,7 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
                 );
                 for (parent, name) in names {
                     if near(parent) {
-                        let _ = near_remote.try_send((parent, name));
+                        notices.trim_near_remote(parent, name);
                     } else {
                         let _ = notifier.inval_entry(INodeNo(parent), &name);
                     }
@@ -106,21 +107,6 @@ pub fn spawn(view: &Arc<View>, notifier: Notifier, mountpoint: &Path) -> std::io
             }
         })
         .map(drop)
-}
-
-/// Starts the thread that drops the names queued to it, which a stalled remote may hold up.
-fn spawn_near_remote(
-    notifier: Notifier,
-) -> std::io::Result<crossbeam_channel::Sender<(u64, OsString)>> {
-    let (queue, queued) = crossbeam_channel::bounded::<(u64, OsString)>(QUEUED_NEAR_REMOTE);
-    std::thread::Builder::new()
-        .name("trim-remote".into())
-        .spawn(move || {
-            for (parent, name) in queued {
-                let _ = notifier.inval_entry(INodeNo(parent), &name);
-            }
-        })?;
-    Ok(queue)
 }
 
 /// The paths, relative to the view's root, of everything mounted on the view and of every
