@@ -249,11 +249,15 @@ def cmd_report(args):
                     runs.setdefault((parts[0], parts[1]), []).append(float(parts[2]))
                 except ValueError:
                     pass
-    # Medians over the rounds; the spread is shown beside the absolute figures.
+    # Medians over the rounds (copy-ups: over every sample); the spread is shown beside the
+    # absolute figures.
     res = {k: statistics.median(v) for k, v in runs.items()}
-    rounds = max((len(v) for v in runs.values()), default=1)
+    rounds = max((len(v) for k, v in runs.items() if not k[1].startswith("copyup")), default=1)
+    samples = max((len(v) for k, v in runs.items() if k[1].startswith("copyup")), default=0)
     out = []
     out.append("### Absolute figures%s\n" % (" (median of %d rounds, min–max)" % rounds if rounds > 1 else ""))
+    if samples > rounds:
+        out.append("Copy-up rows: median of %d copy-ups, each of a file of its own.\n" % samples)
     out.append("| workload | unit | " + " | ".join(targets) + " |")
     out.append("|---|---|" + "---:|" * len(targets))
     for key, label, unit, _hb, _tgt in WORKLOADS:

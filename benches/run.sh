@@ -14,6 +14,8 @@
 #                  layerfs-uring is layerfs with -o io_uring (the run turns the fuse module's
 #                  enable_uring on and restores it)
 #   REPEAT=1       rounds over all targets, interleaved; the report gives medians and spread
+#   COPYUP_SAMPLES=3  copy-ups of each kind per round, each of a file of its own: one copy-up
+#                  is one fsync of 64 MiB, whose time varies by 2x from one to the next
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +30,7 @@ SCRATCH_FS=${SCRATCH_FS:-ext4}
 LAYERFS=${LAYERFS:-$REPO/target/release/layerfs}
 TARGETS=${TARGETS:-plain overlayfs fuse-overlayfs layerfs}
 REPEAT=${REPEAT:-1}
+COPYUP_SAMPLES=${COPYUP_SAMPLES:-3}
 COPYUP_SIZE=$((64 * 1024 * 1024))
 SPARSE_SIZE=$((1024 * 1024 * 1024))
 
@@ -57,6 +60,7 @@ for t in "${TARGET_LIST[@]}"; do
 done
 [[ "$FILES" =~ ^[0-9]+$ && "$FILES" -gt 0 ]] || die "FILES must be a positive integer, got '$FILES'"
 [[ "$REPEAT" =~ ^[0-9]+$ && "$REPEAT" -gt 0 ]] || die "REPEAT must be a positive integer, got '$REPEAT'"
+[[ "$COPYUP_SAMPLES" =~ ^[0-9]+$ && "$COPYUP_SAMPLES" -gt 0 ]] || die "COPYUP_SAMPLES must be a positive integer, got '$COPYUP_SAMPLES'"
 [[ "$RUNTIME" =~ ^[0-9]+(ms|s|m)?$ ]] || die "RUNTIME must look like 10s, 30 or 1m, got '$RUNTIME'"
 case "$SCRATCH_FS" in ext4|host) ;; *) die "SCRATCH_FS must be ext4 or host, got '$SCRATCH_FS'" ;; esac
 
@@ -165,7 +169,9 @@ drop_caches() {
 # (30 s by default), so creates run slower after any mass deletion, another target's or a
 # build's.
 if [ "$SCRATCH_FS" = ext4 ]; then
-    image_bytes=$(( SIZE_BYTES * (3 + ${#TARGET_LIST[@]}) + 3 * 1024 * 1024 * 1024 ))
+    # The copy-up files hold 80 MiB of data a sample, in the remote and in every target.
+    image_bytes=$(( SIZE_BYTES * (3 + ${#TARGET_LIST[@]}) + 3 * 1024 * 1024 * 1024
+        + COPYUP_SAMPLES * 80 * 1024 * 1024 * (1 + ${#TARGET_LIST[@]}) ))
     truncate -s "$image_bytes" "$BASE/fs.img"
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$BASE/fs.img" \
         || die "mkfs.ext4 of the scratch image failed"
@@ -185,8 +191,10 @@ REMOTE="$RUN/remote"
 cp -a "$FIXTURE" "$REMOTE"
 mkdir -p "$REMOTE/$REL"
 python3 "$BENCH_PY" mkdata "$REMOTE/$REL/seqread.bin" "$SIZE_BYTES"
-python3 "$BENCH_PY" mkdata "$REMOTE/$REL/copyup.bin" "$COPYUP_SIZE"
-python3 "$BENCH_PY" mksparse "$REMOTE/$REL/sparse.bin" "$SPARSE_SIZE"
+for i in $(seq "$COPYUP_SAMPLES"); do
+    python3 "$BENCH_PY" mkdata "$REMOTE/$REL/copyup.$i.bin" "$COPYUP_SIZE"
+    python3 "$BENCH_PY" mksparse "$REMOTE/$REL/sparse.$i.bin" "$SPARSE_SIZE"
+done
 if want plain; then
     cp -a "$REMOTE" "$RUN/plain"
 fi
@@ -312,20 +320,21 @@ for k in ("create", "stat", "readdir", "unlink"):
 EOF
     log "$t metadata: $meta"
 
-    # copy-up: first 1-byte write into a 64 MiB file of the lower/remote
-    local ms
-    copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/copyup.bin") || die "$t: copy-up workload failed"; }
-    counted "$t" copyup_ms copyup
-    record "$t" copyup_ms "$ms"
-    log "$t copy-up: $ms ms"
-    # the same into a 1 GiB sparse file (16 MiB of data): layerfs must keep the holes (others
-    # that fill them get a warning in the log)
-    local strict=
+    # copy-up: first 1-byte write into a 64 MiB file of the lower/remote, then the same into
+    # a 1 GiB sparse file (16 MiB of data): layerfs must keep the holes (others that fill
+    # them get a warning in the log)
+    local ms i strict=
     case "$t" in layerfs*) strict=--strict ;; esac
-    copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/sparse.bin" $strict) || die "$t: sparse copy-up failed"; }
-    counted "$t" copyup_sparse_ms copyup
-    record "$t" copyup_sparse_ms "$ms"
-    log "$t sparse copy-up: $ms ms"
+    for i in $(seq "$COPYUP_SAMPLES"); do
+        copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/copyup.$i.bin") || die "$t: copy-up workload failed"; }
+        counted "$t" copyup_ms copyup
+        record "$t" copyup_ms "$ms"
+        log "$t copy-up $i: $ms ms"
+        copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/sparse.$i.bin" $strict) || die "$t: sparse copy-up failed"; }
+        counted "$t" copyup_sparse_ms copyup
+        record "$t" copyup_sparse_ms "$ms"
+        log "$t sparse copy-up $i: $ms ms"
+    done
 
     rm -rf "$wdir"
     unmount_target "$t"
