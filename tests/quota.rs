@@ -17,7 +17,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
@@ -1710,6 +1711,72 @@ fn remount_keeps_limit_and_usage() {
     let n = fill_root(&c1, "more", libc::ENOSPC);
     assert!(n <= room && n + ONE_WRITE + SLACK >= room, "{n} of {room}");
     assert_usage_matches_local(&m, "overlay/c1");
+}
+
+/// A root whose usage cannot be counted at mount keeps its quota: the mount fails and says
+/// why. Only a root that is gone from local loses it. Here the count runs out of
+/// descriptors (it holds one per directory still to walk); any error used to drop the
+/// quota from the registry for good.
+#[test]
+fn a_root_that_cannot_be_counted_at_mount_keeps_its_quota() {
+    let mut m = mount();
+    let c1 = root(&m, "c1", "8M", &[]);
+    for i in 0..2000 {
+        fs::create_dir(c1.join(format!("d{i}"))).unwrap();
+    }
+    let before = list(&m);
+    m.unmount();
+
+    let mut cmd = Command::new(BIN);
+    limit_open_files(&mut cmd, 256);
+    let mut daemon = cmd
+        .arg("mount")
+        .arg("--remote")
+        .arg(&m.remote)
+        .arg("--local")
+        .arg(&m.local)
+        .arg("-f")
+        .arg(&m.mnt)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mounted = loop {
+        if is_mounted(&m.mnt) {
+            break true;
+        }
+        if daemon.try_wait().unwrap().is_some() {
+            break false;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the mount neither failed nor came up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if mounted {
+        let _ = Command::new("umount").arg(&m.mnt).status();
+    }
+    let out = daemon.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(
+        !mounted && !out.status.success(),
+        "mounted without counting c1: {err}"
+    );
+    assert!(
+        err.contains("overlay/c1"),
+        "the error names the root: {err}"
+    );
+
+    m.mount(&Options::default());
+    m.wait_for_control();
+    assert_eq!(
+        list(&m),
+        before,
+        "the quota after a mount that could count it"
+    );
 }
 
 // ---- Regressions ---------------------------------------------------------------------------

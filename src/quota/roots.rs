@@ -184,8 +184,9 @@ fn save(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<(), QuotaError> {
 
 /// Loads the registry in the local root `local` into `quotas` and recounts every root's
 /// usage from disk, so that a crash (whose last counts were never saved) leaves nothing
-/// wrong. A root whose directory is gone loses its quota, with a warning. Returns how many
-/// roots there are.
+/// wrong. A root whose directory is gone loses its quota, with a warning; one that cannot
+/// be counted for another reason (`EMFILE`, `EIO`) fails the load and keeps its quota.
+/// Returns how many roots there are.
 pub(super) fn load(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<usize, QuotaError> {
     let registry = persist::load(local)?;
     let mut dropped = false;
@@ -197,10 +198,17 @@ pub(super) fn load(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<usize, Quot
         });
         let (st, usage) = match found {
             Ok(found) => found,
-            Err(e) => {
+            // Not a directory any more: a symbolic link (`O_NOFOLLOW`) or another file.
+            Err(e @ (Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP)) => {
                 warn!(path = %shown, error = %e, "quota root is gone from local; its quota is dropped");
                 dropped = true;
                 continue;
+            }
+            Err(source) => {
+                return Err(QuotaError::Sys {
+                    path: shown,
+                    source,
+                })
             }
         };
         if usage.bytes != entry.used || usage.inodes != entry.inodes_used {

@@ -534,21 +534,7 @@ impl RawMount {
     ) -> RawMount {
         let mut cmd = Command::new(BIN);
         if let Some(n) = nofile {
-            use std::os::unix::process::CommandExt;
-            let limit = libc::rlimit {
-                rlim_cur: n,
-                rlim_max: n,
-            };
-            // SAFETY: setrlimit is async-signal-safe and `limit` is a plain value.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
-            }
+            limit_open_files(&mut cmd, n);
         }
         let child = cmd
             .arg("mount")
@@ -1069,4 +1055,23 @@ pub fn read_a_copied_layer_as_nobody(into: &Path, scratch: &Path) -> (bool, Stri
         "ls '{0}/etc/conf.d' && cat '{0}/etc/conf.d/f'",
         merged.display()
     ))
+}
+
+/// Runs `cmd` with an open-file limit of `n`, soft and hard (so it cannot raise it).
+pub fn limit_open_files(cmd: &mut Command, n: u64) {
+    use std::os::unix::process::CommandExt;
+    let limit = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: setrlimit is async-signal-safe and `limit` is a plain value.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
 }
