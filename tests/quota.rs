@@ -833,6 +833,35 @@ fn a_remote_file_that_fits_copies_up_and_is_charged() {
     assert!(q.inodes_used >= 2, "{q:?}");
 }
 
+/// A reader that opened a remote file before it was copied up still reads the remote file,
+/// which the quota does not count; its close and its `fsync` must not measure that file as
+/// the copy. They did: the root was charged the remote file's 64 MiB on top of the copy.
+#[test]
+fn a_reader_from_before_the_copy_up_does_not_charge_the_remote_file() {
+    for opts in ["", "nopassthrough"] {
+        let options = Options {
+            opts: opts.into(),
+            ..Options::default()
+        };
+        let m = mount_with(options, big_remote);
+        let rel = l1_diff_rel();
+        set_remote_root(&m, &rel, "100M");
+        let view = m.path(&rel).join("big.bin");
+        let reader = fs::File::open(&view).unwrap();
+        let mut writer = fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&view)
+            .unwrap();
+        writer.write_all(&pattern(MIB as usize, 3)).unwrap();
+        drop(writer);
+        reader.sync_all().unwrap();
+        assert_usage_matches_local(&m, &rel);
+        drop(reader);
+        assert_usage_matches_local(&m, &rel);
+    }
+}
+
 #[test]
 fn o_trunc_of_a_big_remote_file_in_a_small_quota_copies_no_data() {
     let m = mount_with(Options::default(), big_remote);

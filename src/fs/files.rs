@@ -180,8 +180,9 @@ impl Core {
                 self.backing.release(file.node.ino);
                 // What the kernel holds of a file written through a mapping lives a tick
                 // (`MAPPED_WRITER_TTL`), so it is read again anyway: nothing to drop here.
+                let counted = file.counted();
                 self.view
-                    .released(&file.node, file.fd.as_fd(), file.bypasses, file.maps_writes);
+                    .released(&file.node, counted, file.bypasses, file.maps_writes);
             }
         }
         reply.ok();
@@ -198,7 +199,9 @@ impl Core {
             nix::unistd::fsync(file.fd.as_fd())
         };
         tri!(reply, res);
-        self.view.resettle(&file.node, file.fd.as_fd());
+        if let Some(fd) = file.counted() {
+            self.view.resettle(&file.node, fd);
+        }
         reply.ok();
     }
 

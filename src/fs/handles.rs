@@ -1,7 +1,7 @@
 //! Open files and directories, by the handle number the kernel passes back.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -43,6 +43,15 @@ pub struct FileHandle {
     pub copy: Mutex<Option<Arc<OwnedFd>>>,
     /// Quota set aside while the open lasts.
     pub _held: Option<Reserved>,
+}
+
+impl FileHandle {
+    /// The open's descriptor, if it is of the file the quota counts: an open from before
+    /// a copy-up reads the remote file, which no quota counts (the copy is measured through
+    /// the opens of it).
+    pub fn counted(&self) -> Option<BorrowedFd<'_>> {
+        (self.layer == Layer::Local).then(|| self.fd.as_fd())
+    }
 }
 
 #[derive(Debug)]

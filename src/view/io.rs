@@ -3,7 +3,7 @@
 //! caller (see [`crate::store::creds`]); inside a quota root each reserves what it may
 //! allocate and is charged what it did (see [`crate::quota::Accounting`]).
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 
 use nix::errno::Errno;
@@ -231,8 +231,9 @@ impl View {
         state.mapped_writers += maps_writes as u32;
     }
 
-    /// Measures a file again after its data reached the disk: a filesystem may allocate
-    /// metadata (extent blocks) only at writeback, after the write was charged.
+    /// Measures a file again, through an open of it, after its data reached the disk: a
+    /// filesystem may allocate metadata (extent blocks) only at writeback, after the write
+    /// was charged.
     pub fn resettle(&self, node: &Arc<Node>, fd: BorrowedFd<'_>) {
         let under = self.quota().under(node);
         if !under.is_none() {
@@ -241,15 +242,18 @@ impl View {
     }
 
     /// An open of `node` was closed; the last close of a file whose names are all gone
-    /// frees its space.
+    /// frees its space. `counted`: the open's descriptor, if it is of the file the quota
+    /// counts (an open from before a copy-up reads the remote file, which it does not).
     pub fn released(
         &self,
         node: &Arc<Node>,
-        fd: BorrowedFd<'_>,
+        counted: Option<BorrowedFd<'_>>,
         bypasses: bool,
         maps_writes: bool,
     ) {
-        self.resettle(node, fd);
+        if let Some(fd) = counted {
+            self.resettle(node, fd);
+        }
         {
             let mut state = node.state();
             state.open_files = state.open_files.saturating_sub(1);
@@ -259,7 +263,10 @@ impl View {
                 return;
             }
         }
-        self.quota().credit(Gone::Open { obj: &**node, fd });
+        if let Some(object) = node.object() {
+            let fd = object.as_fd();
+            self.quota().credit(Gone::Open { obj: &**node, fd });
+        }
     }
 }
 
