@@ -6,6 +6,7 @@
 //! of those inodes. The walk never follows a symlink and never leaves local's filesystem.
 
 use std::collections::HashSet;
+use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use nix::errno::Errno;
@@ -34,6 +35,11 @@ pub fn usage(dir: BorrowedFd<'_>) -> Result<Usage, Errno> {
 }
 
 /// Like [`usage`], and tells whether any file in the tree has other names.
+///
+/// Depth first, holding open only the directories on the way down (each with the names of
+/// its subdirectories still to walk): a directory with thousands of subdirectories costs
+/// their names, not a descriptor each, so the walk leaves the daemon's descriptors to the
+/// requests it serves meanwhile.
 pub fn tree(dir: BorrowedFd<'_>) -> Result<Tree, Errno> {
     let top = store::stat_fd(dir)?;
     let mut seen = HashSet::new();
@@ -44,24 +50,40 @@ pub fn tree(dir: BorrowedFd<'_>) -> Result<Tree, Errno> {
         },
         hard_linked: false,
     };
-    let mut pending: Vec<OwnedFd> = Vec::new();
-    walk(dir, top.st_dev, &mut seen, &mut total, &mut pending)?;
-    while let Some(sub) = pending.pop() {
-        match walk(sub.as_fd(), top.st_dev, &mut seen, &mut total, &mut pending) {
-            Ok(()) | Err(Errno::ENOENT) => {}
+    let subdirs = walk(dir, top.st_dev, &mut seen, &mut total)?;
+    let mut down: Vec<(Option<OwnedFd>, Vec<CString>)> = vec![(None, subdirs)];
+    while let Some((at, subdirs)) = down.last_mut() {
+        let Some(name) = subdirs.pop() else {
+            down.pop();
+            continue;
+        };
+        let at = at.as_ref().map_or(dir, |fd| fd.as_fd());
+        let sub = match store::open_dir_at(at, &name) {
+            Ok(sub) => sub,
+            Err(Errno::ENOENT) => continue,
+            Err(e) => return Err(e),
+        };
+        // Something may have been mounted on it since its entry was counted.
+        if store::stat_fd(sub.as_fd())?.st_dev != top.st_dev {
+            continue;
+        }
+        match walk(sub.as_fd(), top.st_dev, &mut seen, &mut total) {
+            Ok(subdirs) => down.push((Some(sub), subdirs)),
+            Err(Errno::ENOENT) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(total)
 }
 
+/// Adds up the entries of `dir`; returns the names of its subdirectories on `dev`.
 fn walk(
     dir: BorrowedFd<'_>,
     dev: u64,
     seen: &mut HashSet<u64>,
     total: &mut Tree,
-    pending: &mut Vec<OwnedFd>,
-) -> Result<(), Errno> {
+) -> Result<Vec<CString>, Errno> {
+    let mut subdirs = Vec::new();
     for entry in store::read_dir(dir)? {
         let Ok(name) = store::cname(&entry.name) else {
             continue;
@@ -88,14 +110,10 @@ fn walk(
         total.usage.bytes += allocated(&st);
         total.usage.inodes += 1;
         if is_dir {
-            match store::open_dir_at(dir, &name) {
-                Ok(fd) => pending.push(fd),
-                Err(Errno::ENOENT) => {}
-                Err(e) => return Err(e),
-            }
+            subdirs.push(name);
         }
     }
-    Ok(())
+    Ok(subdirs)
 }
 
 #[cfg(test)]
