@@ -263,8 +263,9 @@ impl View {
                 return;
             }
         }
-        if let Some(object) = node.object() {
-            let fd = object.as_fd();
+        // An open from before a copy-up credits the copy, the file its names led to.
+        let object = node.object();
+        if let Some(fd) = counted.or(object.as_ref().map(|o| o.as_fd())) {
             self.quota().credit(Gone::Open { obj: &**node, fd });
         }
     }
