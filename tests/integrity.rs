@@ -123,21 +123,6 @@ fn mode_of(p: &Path) -> u32 {
         & 0o7777
 }
 
-fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Whether `name` shows in a readdir of `dir`.
 fn listed(dir: &Path, name: &str) -> bool {
     names(dir).iter().any(|n| n == name)
@@ -215,77 +200,6 @@ fn fill_until_error(path: &Path, chunk: usize, cap: u64) -> i32 {
             Ok(0) => panic!("write returned 0"),
             Ok(n) => total += n as u64,
             Err(e) => return e.raw_os_error().expect("an OS error"),
-        }
-    }
-}
-
-/// A filesystem of the test's own mounted on a mount's local dir before the daemon starts
-/// (from `prepare`), so that no other process allocates there; unmounted (after the view)
-/// on drop, even when the test fails. The mount's temp dir, whose removal the filesystem
-/// got in the way of, is removed then.
-#[derive(Default)]
-struct LocalFs {
-    local: Option<PathBuf>,
-}
-
-impl LocalFs {
-    /// A tmpfs with `options`.
-    fn tmpfs(&mut self, local: &Path, options: &str) {
-        run(Command::new("mount")
-            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
-            .arg(local));
-        self.mounted(local);
-    }
-
-    /// A fresh ext4 of `mib` MiB in an image file beside `local`, loop-mounted.
-    fn ext4(&mut self, local: &Path, mib: u64) {
-        self.ext4_with(local, mib, &[]);
-    }
-
-    /// Like [`LocalFs::ext4`], with extra `mkfs.ext4` arguments.
-    fn ext4_with(&mut self, local: &Path, mib: u64, mkfs: &[&str]) {
-        let image = local.with_file_name("local.ext4");
-        let f = fs::File::create(&image).unwrap();
-        f.set_len(mib * MIB).unwrap();
-        drop(f);
-        run(Command::new("mkfs.ext4")
-            .args(["-q", "-F"])
-            .args(mkfs)
-            .arg(&image));
-        run(Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&image)
-            .arg(local));
-        self.mounted(local);
-    }
-
-    fn mounted(&mut self, local: &Path) {
-        self.local = Some(local.to_owned());
-        fs::set_permissions(local, fs::Permissions::from_mode(0o755)).unwrap();
-    }
-}
-
-impl Drop for LocalFs {
-    fn drop(&mut self) {
-        let Some(local) = self.local.take() else {
-            return;
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while is_mounted(&local) {
-            let _ = Command::new("umount")
-                .arg(&local)
-                .stderr(Stdio::null())
-                .status();
-            if is_mounted(&local) {
-                if Instant::now() > deadline {
-                    let _ = Command::new("umount").arg("-l").arg(&local).status();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        if let Some(dir) = local.parent() {
-            let _ = fs::remove_dir_all(dir);
         }
     }
 }

@@ -1831,6 +1831,83 @@ fn a_root_that_cannot_be_counted_at_mount_keeps_its_quota() {
     );
 }
 
+/// A process's writes to the block device behind `path`, throttled to `bps` bytes a second
+/// (a cgroup v1 `blkio` group of its own) until dropped.
+struct ThrottledWrites {
+    group: PathBuf,
+    pid: u32,
+}
+
+impl ThrottledWrites {
+    const BLKIO: &str = "/sys/fs/cgroup/blkio";
+
+    fn of(pid: u32, path: &Path, bps: u64) -> ThrottledWrites {
+        use std::os::unix::fs::MetadataExt;
+        let dev = fs::metadata(path).unwrap().dev();
+        let group = Path::new(Self::BLKIO).join(format!("layerfs-test-{pid}"));
+        fs::create_dir(&group).unwrap_or_else(|e| {
+            panic!("{}: {e} (the test needs cgroup v1 blkio)", group.display())
+        });
+        let throttled = ThrottledWrites { group, pid };
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        fs::write(
+            throttled.group.join("blkio.throttle.write_bps_device"),
+            format!("{major}:{minor} {bps}"),
+        )
+        .unwrap();
+        fs::write(throttled.group.join("cgroup.procs"), pid.to_string()).unwrap();
+        throttled
+    }
+}
+
+impl Drop for ThrottledWrites {
+    fn drop(&mut self) {
+        let _ = fs::write(
+            Path::new(Self::BLKIO).join("cgroup.procs"),
+            self.pid.to_string(),
+        );
+        let _ = fs::remove_dir(&self.group);
+    }
+}
+
+/// Saving the registry waits for local's disk twice (the file, then its directory), and
+/// every directory rename takes the quota change lock while any root exists. A rename
+/// must not wait for a save: with the daemon's writes to local throttled so that a save
+/// takes seconds, a rename in an unrelated directory answers while `quota set` saves.
+/// It waited for the save (3.7 s of 4 by hand).
+#[test]
+fn a_directory_rename_does_not_wait_for_the_registry_to_reach_the_disk() {
+    let mut ext4 = LocalFs::default();
+    let m = mount_with(Options::default(), |remote| {
+        ext4.ext4(&local_beside(remote), 64)
+    });
+    root(&m, "c1", "10M", &[]);
+    fs::create_dir_all(m.path("overlay/c2")).unwrap();
+    fs::create_dir_all(m.path("overlay/other/x")).unwrap();
+    // Nothing left to write back but the save's own blocks.
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    let throttled = ThrottledWrites::of(m.daemon_pid().unwrap(), &m.local, 256);
+    let mnt = m.mnt.clone();
+    let setter = std::thread::spawn(move || {
+        Command::new(BIN)
+            .args(["quota", "set"])
+            .arg(&mnt)
+            .args(["overlay/c2", "10M"])
+            .output()
+            .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (from, to) = (m.path("overlay/other/x"), m.path("overlay/other/y"));
+    common::live(2, "a directory rename while a quota is saved", move || {
+        fs::rename(from, to).unwrap()
+    });
+    let set = setter.join().unwrap();
+    drop(throttled);
+    assert!(set.status.success(), "{set:?}");
+    assert_eq!(get(&m, "overlay/c2").limit, 10 * MIB);
+}
+
 // ---- Regressions ---------------------------------------------------------------------------
 
 /// Whether files opened for writing outside a root get FUSE passthrough on this mount: then

@@ -143,9 +143,12 @@ impl Ledger {
         let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         // A removed quota root takes its quota with it.
         if is_dir && self.quotas.root(st.st_dev, st.st_ino).is_some() {
-            let _changes = self.quotas.lock_changes();
-            self.quotas.remove(st.st_dev, st.st_ino);
-            if let Err(e) = self.save() {
+            let snapshot = {
+                let mut changes = self.quotas.lock_changes();
+                self.quotas.remove(st.st_dev, st.st_ino);
+                self.snapshot(&mut changes)
+            };
+            if let Err(e) = self.write(snapshot) {
                 warn!(error = %e, "a removed quota root stays in the registry");
             }
             return;
@@ -265,11 +268,14 @@ impl Ledger {
             .filter_map(|(o, old)| Some((old.clone(), o.path()?)))
             .collect();
         if !moves.is_empty() {
-            let _changes = self.quotas.lock_changes();
-            if self.quotas.moved(&moves) {
-                if let Err(e) = self.save() {
-                    warn!(error = %e, "the quota registry keeps the old path of a moved root");
-                }
+            let snapshot = {
+                let mut changes = self.quotas.lock_changes();
+                self.quotas
+                    .moved(&moves)
+                    .then(|| self.snapshot(&mut changes))
+            };
+            if let Err(e) = snapshot.map_or(Ok(()), |s| self.write(s)) {
+                warn!(error = %e, "the quota registry keeps the old path of a moved root");
             }
         }
         self.quotas.bump();

@@ -4,6 +4,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use nix::errno::Errno;
+use parking_lot::Mutex;
 
 use super::io::block_size;
 use super::roots::{self, QuotaError};
@@ -19,6 +20,9 @@ pub struct Ledger {
     pub(super) local: Arc<OwnedFd>,
     /// The block size of local's filesystem: what a new directory costs at least.
     pub(super) block: u64,
+    /// The number of the newest snapshot of the registry on disk; held while one is
+    /// written (see [`roots::Snapshot`]).
+    pub(super) written: Mutex<u64>,
 }
 
 impl Ledger {
@@ -29,6 +33,7 @@ impl Ledger {
             quotas: Quotas::new(Errno::ENOSPC),
             local,
             block: block_size(local_st),
+            written: Mutex::new(0),
         }
     }
 

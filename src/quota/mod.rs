@@ -25,12 +25,15 @@
 //!
 //! ## Locks
 //! Taken in the view's lock order (see `view`): the change lock
-//! (`table::Quotas::lock_changes`) serializes setting, clearing and moving roots with the
-//! saving of the registry in local, and is taken with no object's state locked; under it,
-//! objects' states are locked ([`Object::tally`]) for reading and updating alone. The table
-//! of roots and each root's path are leaves; limits, usage and reservations are atomics.
-//! A file's measuring lock ([`Object::measuring`]) is taken before its state, never while
-//! the change lock is held.
+//! (`table::Quotas::lock_changes`) serializes setting, clearing and moving roots and numbers
+//! the snapshots of the registry taken under it, and is taken with no object's state
+//! locked; under it, objects' states are locked ([`Object::tally`]) for reading and
+//! updating alone. Snapshots are written to local under a lock of their own
+//! (`Ledger::written`), taken with no other lock held: a write waits for the disk, and
+//! every directory rename takes the change lock while any root exists. The table of roots
+//! and each root's path are leaves; limits, usage and reservations are atomics. A file's
+//! measuring lock ([`Object::measuring`]) is taken before its state, never while the change
+//! lock is held.
 
 mod charge;
 mod io;

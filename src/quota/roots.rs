@@ -77,10 +77,12 @@ impl Ledger {
         let local = local().map_err(sys)?;
         let st = store::stat_fd(local.as_fd()).map_err(sys)?;
         let root = {
-            let _changes = self.quotas.lock_changes();
+            let mut changes = self.quotas.lock_changes();
             if let Some(root) = self.own_root(&**dir) {
                 root.set_limit(limit);
-                self.save()?;
+                let snapshot = self.snapshot(&mut changes);
+                drop(changes);
+                self.write(snapshot)?;
                 info!(path = %shown, limit = limit.bytes, "quota changed");
                 return Ok(root.info());
             }
@@ -122,34 +124,56 @@ impl Ledger {
         let usage = scan::usage(local.as_fd()).map_err(|e| withdraw(sys(e)))?;
         root.charge(usage.bytes as i64);
         root.charge_inodes(usage.inodes as i64);
-        {
-            let _changes = self.quotas.lock_changes();
-            if let Err(e) = self.save() {
-                self.quotas.remove(st.st_dev, st.st_ino);
-                return Err(e);
-            }
-        }
+        let snapshot = self.snapshot(&mut self.quotas.lock_changes());
+        self.write(snapshot).map_err(withdraw)?;
         info!(path = %shown, limit = limit.bytes, used = usage.bytes, "quota set");
         Ok(root.info())
     }
 
     /// See [`super::Accounting::clear`].
     pub(super) fn clear_root<O: Object>(&self, dir: &O) -> Result<QuotaInfo, QuotaError> {
-        let _changes = self.quotas.lock_changes();
         let path = dir.path().unwrap_or_default().display().to_string();
-        let root = self
-            .own_root(dir)
-            .ok_or(QuotaError::NotRoot { path: path.clone() })?;
-        self.quotas.remove(root.dev, root.ino);
-        self.save()?;
+        let (root, snapshot) = {
+            let mut changes = self.quotas.lock_changes();
+            let root = self
+                .own_root(dir)
+                .ok_or(QuotaError::NotRoot { path: path.clone() })?;
+            self.quotas.remove(root.dev, root.ino);
+            (root, self.snapshot(&mut changes))
+        };
+        self.write(snapshot)?;
         info!(path = %path, "quota cleared");
         Ok(root.info())
     }
 
-    /// Writes the registry of roots to local; only under the change lock.
-    pub(super) fn save(&self) -> Result<(), QuotaError> {
-        save(&self.quotas, self.local.as_fd())
+    /// The registry as the roots stand, numbered after the last one: taken under the
+    /// change lock (`changes` is its guard), so numbers follow the order of the changes.
+    pub(super) fn snapshot(&self, changes: &mut u64) -> Snapshot {
+        *changes += 1;
+        Snapshot {
+            number: *changes,
+            registry: registry_of(&self.quotas),
+        }
     }
+
+    /// Writes `snapshot` to local, durably, unless a later one is there already. Never
+    /// under the change lock: it waits for the disk, and every directory rename takes
+    /// that lock while any root exists.
+    pub(super) fn write(&self, snapshot: Snapshot) -> Result<(), QuotaError> {
+        let mut written = self.written.lock();
+        if *written >= snapshot.number {
+            return Ok(());
+        }
+        persist::save(self.local.as_fd(), &snapshot.registry)?;
+        *written = snapshot.number;
+        Ok(())
+    }
+}
+
+/// The registry at one moment, for [`Ledger::write`].
+pub(super) struct Snapshot {
+    number: u64,
+    registry: Registry,
 }
 
 /// A file among `live` under `dir` that is open with FUSE passthrough.
@@ -160,9 +184,9 @@ fn passthrough_open_under<O: Object>(live: Vec<Arc<O>>, dir: &Path) -> Option<Pa
         .find(|p| p.starts_with(dir))
 }
 
-/// Writes the registry of `quotas` to the local root `local`.
-fn save(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<(), QuotaError> {
-    let registry = Registry {
+/// The registry of `quotas`.
+fn registry_of(quotas: &Quotas) -> Registry {
+    Registry {
         version: 1,
         roots: quotas
             .list()
@@ -178,8 +202,7 @@ fn save(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<(), QuotaError> {
                 }
             })
             .collect(),
-    };
-    Ok(persist::save(local, &registry)?)
+    }
 }
 
 /// Loads the registry in the local root `local` into `quotas` and recounts every root's
@@ -232,7 +255,7 @@ pub(super) fn load(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<usize, Quot
         )));
     }
     if dropped {
-        save(quotas, local)?;
+        persist::save(local, &registry_of(quotas))?;
     }
     Ok(quotas.list().len())
 }

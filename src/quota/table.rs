@@ -227,8 +227,9 @@ pub struct Quotas {
     /// set or cleared, a rename): nodes cache that answer with the generation it holds for.
     generation: AtomicU64,
     errno: Errno,
-    /// Serializes changes to the set of roots and their saving to disk.
-    changes: Mutex<()>,
+    /// Serializes changes to the set of roots; holds the number of the last snapshot of
+    /// the registry taken, so that snapshots are numbered in the order of the changes.
+    changes: Mutex<u64>,
 }
 
 impl Quotas {
@@ -239,7 +240,7 @@ impl Quotas {
             any: AtomicBool::new(false),
             generation: AtomicU64::new(1),
             errno,
-            changes: Mutex::new(()),
+            changes: Mutex::new(0),
         }
     }
 
@@ -290,8 +291,8 @@ impl Quotas {
         gone
     }
 
-    /// Holds off other changes to the set of roots (and their saving) while held.
-    pub fn lock_changes(&self) -> parking_lot::MutexGuard<'_, ()> {
+    /// Holds off other changes to the set of roots while held.
+    pub fn lock_changes(&self) -> parking_lot::MutexGuard<'_, u64> {
         self.changes.lock()
     }
 

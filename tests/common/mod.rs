@@ -836,8 +836,8 @@ pub fn assert_no_temp_names(root: &Path) {
 // ---- Helpers for tests of a remote that stops answering ----
 
 /// Runs `op` on a thread of its own and panics if it does not answer within `secs`: a
-/// request that must not wait on a frozen remote. A thread left stuck is released when
-/// the remote answers again.
+/// request that must not wait on a frozen remote, or on anything else that stalls. A
+/// thread left stuck is released when the stall ends.
 pub fn live<T: Send + 'static>(
     secs: u64,
     what: &str,
@@ -849,7 +849,7 @@ pub fn live<T: Send + 'static>(
     });
     match rx.recv_timeout(Duration::from_secs(secs)) {
         Ok(v) => v,
-        Err(_) => panic!("{what}: no answer within {secs} s while the remote is frozen"),
+        Err(_) => panic!("{what}: no answer within {secs} s"),
     }
 }
 
@@ -1073,5 +1073,92 @@ pub fn limit_open_files(cmd: &mut Command, n: u64) {
                 Err(std::io::Error::last_os_error())
             }
         });
+    }
+}
+
+/// Runs `cmd`, which must succeed; its standard output.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A filesystem of the test's own mounted on a mount's local dir before the daemon starts
+/// (from `prepare`), so that no other process allocates there; unmounted (after the view)
+/// on drop, even when the test fails. The mount's temp dir, whose removal the filesystem
+/// got in the way of, is removed then.
+#[derive(Default)]
+pub struct LocalFs {
+    local: Option<PathBuf>,
+}
+
+impl LocalFs {
+    /// A tmpfs with `options`.
+    pub fn tmpfs(&mut self, local: &Path, options: &str) {
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(local));
+        self.mounted(local);
+    }
+
+    /// A fresh ext4 of `mib` MiB in an image file beside `local`, loop-mounted.
+    pub fn ext4(&mut self, local: &Path, mib: u64) {
+        self.ext4_with(local, mib, &[]);
+    }
+
+    /// Like [`LocalFs::ext4`], with extra `mkfs.ext4` arguments.
+    pub fn ext4_with(&mut self, local: &Path, mib: u64, mkfs: &[&str]) {
+        let image = local.with_file_name("local.ext4");
+        let f = fs::File::create(&image).unwrap();
+        f.set_len(mib << 20).unwrap();
+        drop(f);
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .args(mkfs)
+            .arg(&image));
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(local));
+        self.mounted(local);
+    }
+
+    fn mounted(&mut self, local: &Path) {
+        self.local = Some(local.to_owned());
+        fs::set_permissions(local, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+impl Drop for LocalFs {
+    fn drop(&mut self) {
+        let Some(local) = self.local.take() else {
+            return;
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while is_mounted(&local) {
+            let _ = Command::new("umount")
+                .arg(&local)
+                .stderr(Stdio::null())
+                .status();
+            if is_mounted(&local) {
+                if Instant::now() > deadline {
+                    let _ = Command::new("umount").arg("-l").arg(&local).status();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        if let Some(dir) = local.parent() {
+            let _ = fs::remove_dir_all(dir);
+        }
     }
 }
