@@ -12,11 +12,12 @@
 //! The cuts live in the local store, not in the BackingImage directory: they are this node's
 //! (the volume is), and next to the volumes a reflink copy is possible.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use super::error::{CsiError, Result};
@@ -240,34 +241,59 @@ fn open_mount_of(target: &Path, device: &Path) -> Result<Option<fs::File>> {
 const FIFREEZE: u64 = 0xC004_5877;
 const FITHAW: u64 = 0xC004_5878;
 
-/// A frozen filesystem; thawed when dropped.
+/// How many [`Frozen`] hold each filesystem this process froze, by its device number.
+/// Two cuts of one volume at once, or two publications of it in one cut, freeze the same
+/// superblock: the kernel refuses the second FIFREEZE (`EBUSY`), and the filesystem must stay
+/// frozen until the last of them is done. Locked across FIFREEZE and FITHAW themselves, so
+/// that no cut copies a filesystem another is still freezing; cuts are rare.
+static FROZEN: LazyLock<Mutex<HashMap<u64, usize>>> = LazyLock::new(Mutex::default);
+
+/// A frozen filesystem; thawed when the last holder of it is dropped.
 struct Frozen {
     dir: fs::File,
+    dev: u64,
     target: PathBuf,
 }
 
 impl Frozen {
     /// Freezes the filesystem mounted at `target`, which must be the one on `device`
-    /// ([`open_mount_of`]). The open directory also keeps the mount from going away while frozen. `None` when `target` is no
-    /// longer a mount of `device`, or when the filesystem is frozen already (another target
-    /// of the same device was frozen first: they share one superblock).
+    /// ([`open_mount_of`]), or holds it frozen if this process froze it already. The open
+    /// directory also keeps the mount from going away while frozen. `None` when `target` is
+    /// no longer a mount of `device`. A filesystem frozen by another process is refused:
+    /// that process may thaw it in the middle of the copy.
     fn freeze(target: &Path, device: &Path) -> Result<Option<Frozen>> {
+        use std::os::unix::fs::MetadataExt;
         use std::os::unix::io::AsRawFd;
         let Some(dir) = open_mount_of(target, device)? else {
             return Ok(None);
         };
-        // SAFETY: FIFREEZE takes no argument; the fd is open for the duration of the call.
-        let rc = unsafe { libc::ioctl(dir.as_raw_fd(), FIFREEZE as _, 0) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EBUSY) {
-                return Ok(None);
+        let dev = dir
+            .metadata()
+            .map_err(|e| CsiError::io(format!("{}", target.display()), e))?
+            .dev();
+        let mut frozen = FROZEN.lock().unwrap_or_else(|e| e.into_inner());
+        let holders = frozen.entry(dev).or_insert(0);
+        if *holders == 0 {
+            // SAFETY: FIFREEZE takes no argument; the fd is open for the duration of the call.
+            let rc = unsafe { libc::ioctl(dir.as_raw_fd(), FIFREEZE as _, 0) };
+            if rc != 0 {
+                frozen.remove(&dev);
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    return Err(CsiError::Aborted(format!(
+                        "the filesystem on {} is frozen by another process; retry once it is \
+                         thawed",
+                        target.display()
+                    )));
+                }
+                return Err(CsiError::io(format!("freezing {}", target.display()), e));
             }
-            return Err(CsiError::io(format!("freezing {}", target.display()), e));
+            tracing::debug!(target = %target.display(), "froze filesystem");
         }
-        tracing::debug!(target = %target.display(), "froze filesystem");
+        *holders += 1;
         Ok(Some(Frozen {
             dir,
+            dev,
             target: target.to_owned(),
         }))
     }
@@ -276,6 +302,15 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         use std::os::unix::io::AsRawFd;
+        let mut frozen = FROZEN.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(holders) = frozen.get_mut(&self.dev) else {
+            return;
+        };
+        *holders -= 1;
+        if *holders > 0 {
+            return;
+        }
+        frozen.remove(&self.dev);
         // SAFETY: as for FIFREEZE.
         let rc = unsafe { libc::ioctl(self.dir.as_raw_fd(), FITHAW as _, 0) };
         if rc != 0 {
@@ -284,5 +319,79 @@ impl Drop for Frozen {
         } else {
             tracing::debug!(target = %self.target.display(), "thawed filesystem");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A fresh ext4 in an image file, mounted through a loop device of its own; unmounted
+    /// and detached on drop. Needs root.
+    struct Ext4 {
+        _dir: tempfile::TempDir,
+        mnt: PathBuf,
+        device: PathBuf,
+    }
+
+    impl Ext4 {
+        fn new() -> Ext4 {
+            let dir = tempfile::tempdir().unwrap();
+            let image = dir.path().join("fs.img");
+            fs::File::create(&image).unwrap().set_len(32 << 20).unwrap();
+            let run = |cmd: &mut Command| {
+                let out = cmd.output().unwrap();
+                assert!(out.status.success(), "{cmd:?}: {out:?}");
+                String::from_utf8(out.stdout).unwrap().trim().to_owned()
+            };
+            run(Command::new("mkfs.ext4").arg("-q").arg("-F").arg(&image));
+            let device = PathBuf::from(run(Command::new("losetup")
+                .args(["--find", "--show"])
+                .arg(&image)));
+            let mnt = dir.path().join("mnt");
+            fs::create_dir(&mnt).unwrap();
+            let ext4 = Ext4 {
+                _dir: dir,
+                mnt,
+                device,
+            };
+            run(Command::new("mount").arg(&ext4.device).arg(&ext4.mnt));
+            ext4
+        }
+    }
+
+    impl Drop for Ext4 {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+            let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
+        }
+    }
+
+    /// Two cuts of one volume at once: the first to finish must not thaw the filesystem
+    /// under the second, whose copy would then take in writes made during it.
+    #[test]
+    fn a_filesystem_stays_frozen_until_its_last_cut_is_done() {
+        let ext4 = Ext4::new();
+        let first = Frozen::freeze(&ext4.mnt, &ext4.device).unwrap();
+        let second = Frozen::freeze(&ext4.mnt, &ext4.device).unwrap();
+        assert!(
+            first.is_some() && second.is_some(),
+            "both cuts hold it frozen"
+        );
+        drop(first);
+        let (tx, rx) = mpsc::channel();
+        let file = ext4.mnt.join("written");
+        std::thread::spawn(move || {
+            let _ = tx.send(fs::write(file, b"x"));
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(500)).is_err(),
+            "written while the second cut holds the filesystem frozen"
+        );
+        drop(second);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("written once thawed")
+            .unwrap();
     }
 }
