@@ -684,8 +684,19 @@ impl Images {
             .store
             .data_path(name)
             .ok_or_else(|| CsiError::InvalidArgument(format!("bad image name {name:?}")))?;
+        // Durable before the state says ready, since the cut it was made from goes then:
+        // `qemu-img convert` leaves its output unflushed (cache mode `unsafe`). Raw copies
+        // and downloads were flushed as they were written; this finds nothing left of them.
+        let synced = path.clone();
+        tokio::task::spawn_blocking(move || fs::File::open(synced).and_then(|f| f.sync_all()))
+            .await
+            .map_err(|e| CsiError::Internal(format!("sync task failed: {e}")))?
+            .map_err(|e| CsiError::io(format!("syncing image {name}"), e))?;
         fs::rename(&path, &data).map_err(|e| CsiError::io(format!("storing image {name}"), e))?;
         tmp.0 = None;
+        if let Some(dir) = data.parent() {
+            files::sync_dir(dir)?;
+        }
         state.format = Some(format);
         state.size = size;
         state.virtual_size = virtual_size;

@@ -177,6 +177,10 @@ impl VolumeStore {
         fs::rename(&staging.dir, &final_dir)
             .map_err(|e| CsiError::io(format!("creating volume {}", meta.id), e))?;
         staging.committed = true;
+        // The rename is only durable once the directory holding it is.
+        if let Some(dir) = final_dir.parent() {
+            files::sync_dir(dir)?;
+        }
         Ok(())
     }
 
