@@ -1001,19 +1001,25 @@ impl Overlay {
 
 impl Drop for Overlay {
     fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while is_mounted(&self.target) {
-            let _ = Command::new("umount")
-                .arg(&self.target)
-                .stderr(Stdio::null())
-                .status();
+        unmount_patiently(&self.target);
+    }
+}
+
+/// Unmounts what is mounted at `target`, retrying while it is busy for up to 10 s, then
+/// detaching it (`umount -l`).
+pub fn unmount_patiently(target: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while is_mounted(target) {
+        let _ = Command::new("umount")
+            .arg(target)
+            .stderr(Stdio::null())
+            .status();
+        if is_mounted(target) {
             if Instant::now() > deadline {
-                let _ = Command::new("umount").arg("-l").arg(&self.target).status();
+                let _ = Command::new("umount").arg("-l").arg(target).status();
                 break;
             }
-            if is_mounted(&self.target) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -1143,20 +1149,7 @@ impl Drop for LocalFs {
         let Some(local) = self.local.take() else {
             return;
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while is_mounted(&local) {
-            let _ = Command::new("umount")
-                .arg(&local)
-                .stderr(Stdio::null())
-                .status();
-            if is_mounted(&local) {
-                if Instant::now() > deadline {
-                    let _ = Command::new("umount").arg("-l").arg(&local).status();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+        unmount_patiently(&local);
         if let Some(dir) = local.parent() {
             let _ = fs::remove_dir_all(dir);
         }
