@@ -13,6 +13,8 @@
 //!   whiteouts);
 //! - a failed create over a whiteout leaves the whiteout: a deleted remote entry never comes
 //!   back;
+//! - a create that fails after the daemon made its file (out of descriptors) leaves no name,
+//!   and never replaces a whiteout;
 //! - a million creates and deletes do not grow the daemon.
 //!
 //! Some tests compare with the same calls on a plain directory of the host filesystem (the
@@ -1609,6 +1611,111 @@ fn a_failed_create_over_a_whiteout_leaves_the_name_deleted() {
         fs::read_link(d.join("etc/hostname")).unwrap(),
         Path::new(&target)
     );
+}
+
+// ---- 12. A create that runs out of descriptors leaves no name --------------------------------
+
+/// The lowest descriptor number `pid` does not use: the one its next open gets.
+fn lowest_free_fd(pid: u32) -> u64 {
+    let used: std::collections::BTreeSet<u64> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    (0..).find(|n| !used.contains(n)).unwrap()
+}
+
+/// Sets the soft open-file limit of `pid`; returns the one it had.
+fn set_open_file_limit(pid: u32, soft: u64) -> u64 {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    check(unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            std::ptr::null(),
+            &mut old,
+        )
+    })
+    .unwrap();
+    let new = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: old.rlim_max,
+    };
+    check(unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &new,
+            std::ptr::null_mut(),
+        )
+    })
+    .unwrap();
+    old.rlim_cur
+}
+
+/// `open(O_CREAT | O_EXCL)` of `path` while the daemon may open exactly one more
+/// descriptor: the file it creates takes it, so whatever the daemon opens next for the new
+/// file fails with `EMFILE`. Returns the create's error. An idle daemon may still open or
+/// close a descriptor meanwhile, so a create that gets through is undone and tried again.
+fn create_with_one_descriptor_left(pid: u32, path: &Path) -> i32 {
+    for _ in 0..10 {
+        let old = set_open_file_limit(pid, lowest_free_fd(pid) + 1);
+        let r = open_raw(path, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644);
+        set_open_file_limit(pid, old);
+        match r {
+            Ok(fd) => {
+                drop(fd);
+                fs::remove_file(path).unwrap();
+            }
+            Err(e) => return e.raw_os_error().unwrap(),
+        }
+    }
+    panic!(
+        "10 creates of {} with one descriptor left all succeeded",
+        path.display()
+    );
+}
+
+/// A create that fails after the daemon made the file must not leave the file behind: the
+/// caller was told it does not exist, and an `O_EXCL` retry must succeed. Where the name
+/// was a deleted remote entry, its whiteout must stay, or the remote entry comes back. The
+/// failure here is the one a daemon near its open-file limit meets.
+#[test]
+fn a_create_that_runs_out_of_descriptors_leaves_no_name() {
+    let m = Mount::with(
+        Options {
+            opts: "refresh=0".into(),
+            ..Options::default()
+        },
+        |_| {},
+    );
+    let pid = m.daemon_pid().expect("a foreground daemon");
+    let _w = Watchdog::new(pid, 120);
+    fs::create_dir(m.path("fresh")).unwrap();
+    let d = m.diff("L1");
+    fs::remove_file(d.join("etc/hostname")).unwrap();
+
+    let fresh = m.path("fresh/new");
+    let e = create_with_one_descriptor_left(pid, &fresh);
+    assert_eq!(e, libc::EMFILE, "the create failed with {}", errname(e));
+    assert!(
+        !m.local.join("fresh/new").exists(),
+        "the failed create left fresh/new in local"
+    );
+    open_raw(&fresh, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644)
+        .expect("an exclusive create after the failed one");
+
+    let e = create_with_one_descriptor_left(pid, &d.join("etc/hostname"));
+    assert_eq!(e, libc::EMFILE, "the create failed with {}", errname(e));
+    assert_still_deleted(&m, "etc", "hostname", "after the failed create");
+    open_raw(
+        &d.join("etc/hostname"),
+        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+        0o644,
+    )
+    .expect("an exclusive create over the whiteout after the failed one");
 }
 
 // ---- A million creates and deletes ----------------------------------------------------------

@@ -67,7 +67,7 @@ impl View {
     ) -> Result<(Entry, OwnedFd), Errno> {
         let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC;
         let oflags = OFlag::from_bits_truncate(flags & keep) | OFlag::O_CREAT | OFlag::O_EXCL;
-        let (c, _, fd) = self.place_new(parent, name, Kind::File, false, |dir, at| {
+        let (c, pin, fd) = self.place_new(parent, name, Kind::File, false, |dir, at| {
             let fd = creds::run_as(caller.acting(), || {
                 store::open_at(dir, at, oflags, mode & 0o7777)
             })?;
@@ -79,13 +79,7 @@ impl View {
                 }
             }
         })?;
-        let pinned = store::reopen(fd.as_fd(), OFlag::O_PATH)?;
-        let st = store::stat_fd(pinned.as_fd())?;
-        let found = Found::Local {
-            fd: Some(pinned),
-            st,
-        };
-        let entry = self.materialize(parent, name, &c, found)?;
+        let entry = self.enter_local(parent, name, &c, pin)?;
         Ok((entry, fd))
     }
 
@@ -114,7 +108,7 @@ impl View {
         caller: Caller,
     ) -> Result<Entry, Errno> {
         let below = self.exists_below(parent, name, &view_name(name)?)?;
-        let (c, dir, ()) = self.place_new(parent, name, Kind::Dir, false, |dir, at| {
+        let (c, pin, ()) = self.place_new(parent, name, Kind::Dir, false, |dir, at| {
             creds::run_as(caller.acting(), || {
                 nix::sys::stat::mkdirat(dir, at, Mode::from_bits_truncate(mode & 0o7777))
             })?;
@@ -131,7 +125,7 @@ impl View {
             }
             made
         })?;
-        self.enter_local(parent, name, &c, dir.as_fd())
+        self.enter_local(parent, name, &c, pin)
     }
 
     pub fn mknod(
@@ -166,7 +160,7 @@ impl View {
         // A 0/0 device where a whiteout would hide something is marked as a real device
         // before it takes its name, so that it is never, even for a moment, a whiteout.
         let device = kind == SFlag::S_IFCHR && rdev == 0 && parent.zone.has_below();
-        let (c, dir, ()) =
+        let (c, pin, ()) =
             self.place_new(parent, name, Kind::from_mode(mode), device, |dir, at| {
                 creds::run_as(caller.acting(), || {
                     nix::sys::stat::mknodat(
@@ -190,7 +184,7 @@ impl View {
                 }
                 made
             })?;
-        self.enter_local(parent, name, &c, dir.as_fd())
+        self.enter_local(parent, name, &c, pin)
     }
 
     pub fn symlink(
@@ -217,7 +211,7 @@ impl View {
         target: &OsStr,
         caller: Caller,
     ) -> Result<Entry, Errno> {
-        let (c, dir, ()) = self.place_new(parent, name, Kind::Symlink, false, |dir, at| {
+        let (c, pin, ()) = self.place_new(parent, name, Kind::Symlink, false, |dir, at| {
             creds::run_as(caller.acting(), || nix::unistd::symlinkat(target, dir, at))?;
             if creds::acts_as_caller() {
                 return Ok(());
@@ -236,7 +230,7 @@ impl View {
             }
             owned
         })?;
-        self.enter_local(parent, name, &c, dir.as_fd())
+        self.enter_local(parent, name, &c, pin)
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &OsStr) -> Result<Entry, Errno> {
@@ -274,10 +268,10 @@ impl View {
         new_name: &OsStr,
     ) -> Result<Entry, Errno> {
         // By the object itself: its names may have changed since the kernel looked it up.
-        let (c, dir, ()) = self.place_new(parent, new_name, node.kind, false, |dir, at| {
+        let (c, pin, ()) = self.place_new(parent, new_name, node.kind, false, |dir, at| {
             nix::unistd::linkat(object.as_fd(), c"", dir, at, AtFlags::AT_EMPTY_PATH)
         })?;
-        self.enter_local(parent, new_name, &c, dir.as_fd())
+        self.enter_local(parent, new_name, &c, pin)
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<(), Errno> {
@@ -561,7 +555,13 @@ impl View {
     /// object under the name it is given, in the local directory it is given, and removes
     /// it again if it fails half-way. Where a whiteout holds the name (or `via_temp` asks
     /// for it), the object is made under a temporary name and then takes its place in one
-    /// rename (see [`names`]). Returns the name, the local directory and what `make` made.
+    /// rename (see [`names`]). Returns the name, an `O_PATH` handle on the new object and
+    /// what `make` made.
+    ///
+    /// The handle is opened before the object takes its name: once it has the name, the
+    /// caller only states and records it, which takes no descriptor, so running out of
+    /// descriptors (or any other failure) never leaves a name behind that the caller was
+    /// told was not made.
     fn place_new<T>(
         &self,
         parent: &Arc<Node>,
@@ -569,7 +569,7 @@ impl View {
         kind: Kind,
         via_temp: bool,
         make: impl FnOnce(BorrowedFd<'_>, &CStr) -> Result<T, Errno>,
-    ) -> Result<(CString, Arc<OwnedFd>, T), Errno> {
+    ) -> Result<(CString, OwnedFd, T), Errno> {
         if marker::is_reserved_name(name.as_bytes()) {
             return Err(Errno::EPERM);
         }
@@ -580,45 +580,55 @@ impl View {
             Err(e) => return Err(e),
         }
         let dir = self.ensure_local_dir(parent)?;
-        let whiteout = names::is_whiteout(parent.zone, dir.as_fd(), &c);
+        let dir = dir.as_fd();
+        let made_pinned = |at: &CStr| {
+            let made = make(dir, at)?;
+            match store::open_path_at(dir, at) {
+                Ok(pin) => Ok((pin, made)),
+                Err(e) => {
+                    let _ = names::remove_any(dir, at, kind == Kind::Dir);
+                    Err(e)
+                }
+            }
+        };
+        let whiteout = names::is_whiteout(parent.zone, dir, &c);
         if !whiteout && !via_temp {
-            let made = make(dir.as_fd(), &c)?;
-            return Ok((c, dir, made));
+            let (pin, made) = made_pinned(&c)?;
+            return Ok((c, pin, made));
         }
         let temp = temp_name();
-        let made = make(dir.as_fd(), &temp)?;
+        let (pin, made) = made_pinned(&temp)?;
         let placed = if whiteout {
-            names::replace_whiteout(dir.as_fd(), &temp, &c, kind == Kind::Dir)
+            names::replace_whiteout(dir, &temp, &c, kind == Kind::Dir)
         } else {
             nix::fcntl::renameat2(
-                dir.as_fd(),
+                dir,
                 temp.as_c_str(),
-                dir.as_fd(),
+                dir,
                 c.as_c_str(),
                 RenameFlags::RENAME_NOREPLACE,
             )
         };
         if let Err(e) = placed {
-            let _ = names::remove_any(dir.as_fd(), &temp, kind == Kind::Dir);
+            let _ = names::remove_any(dir, &temp, kind == Kind::Dir);
             return Err(e);
         }
         if whiteout {
             self.charge_inodes(parent, -1);
         }
-        Ok((c, dir, made))
+        Ok((c, pin, made))
     }
 
-    /// Hands the kernel the node of an entry just made in local.
+    /// Hands the kernel the node of an entry just made in local, pinned by `pin`.
     fn enter_local(
         &self,
         parent: &Arc<Node>,
         name: &OsStr,
         c: &CStr,
-        dir: BorrowedFd<'_>,
+        pin: OwnedFd,
     ) -> Result<Entry, Errno> {
-        let fd = store::open_path_at(dir, c)?;
-        let st = store::stat_fd(fd.as_fd())?;
-        self.materialize(parent, name, c, Found::Local { fd: Some(fd), st })
+        let st = store::stat_fd(pin.as_fd())?;
+        self.materialize(parent, name, c, Found::Local { fd: Some(pin), st })
     }
 
     /// The group a new entry gets: the directory's when it is set-group-ID (as the kernel
