@@ -93,7 +93,12 @@ impl Snapshots {
             writer: Mutex::new(()),
             state: RwLock::new(Arc::new(meta)),
         };
-        snapshots.cleanup()?;
+        // A leftover that cannot be removed (a mount left in it, a fault of the filesystem)
+        // costs only its space: every recorded snapshot works without it, and a new one
+        // passes over its id. So it must not keep the snapshotter down, which would stop
+        // every container on the node; it is logged, and containerd's next Cleanup tries
+        // it again. Not being able to read the snapshots' directory at all stays fatal.
+        snapshots.remove_orphans()?;
         Ok(snapshots)
     }
 
@@ -159,13 +164,8 @@ impl Snapshots {
             return Err(Error::AlreadyExists(format!("snapshot {key}")));
         }
         let parent = check_parent(&meta, parent)?;
-        let id = meta.next_id.max(1);
+        let (id, dir) = self.free_dir(meta.next_id.max(1));
         meta.next_id = id + 1;
-        let dir = self.dirs.dir(id);
-        // A directory no record owns (a removal that failed) must not block its id.
-        if dir.exists() {
-            self.discard(&dir);
-        }
         let limit = match wanted {
             Some(wanted) => quota::make_dir(&self.root, &dir, wanted)?,
             None => {
@@ -196,6 +196,23 @@ impl Snapshots {
             return Err(e);
         }
         mounts::mounts(&self.dirs, &self.current(), key)
+    }
+
+    /// The first id from `id` on whose directory is not there, or could be removed: a
+    /// directory no record owns (a removal that failed, a crash before the record was
+    /// written) must not block its id, even when it cannot be removed.
+    fn free_dir(&self, mut id: u64) -> (u64, PathBuf) {
+        loop {
+            let dir = self.dirs.dir(id);
+            if fs::symlink_metadata(&dir).is_err() {
+                return (id, dir);
+            }
+            self.discard(&dir);
+            if fs::symlink_metadata(&dir).is_err() {
+                return (id, dir);
+            }
+            id += 1;
+        }
     }
 
     fn make_files(&self, record: &Record) -> Result<(), Error> {
@@ -470,8 +487,27 @@ impl Snapshots {
     }
 
     /// Removes the directories no snapshot owns: left by a crash, or by a removal that
-    /// could not finish.
+    /// could not finish. One that cannot be removed does not stop the others; it fails the
+    /// call, so that containerd logs that something was left.
     pub fn cleanup(&self) -> Result<(), Error> {
+        let mut left = self.remove_orphans()?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        let more = match left.len() - 1 {
+            0 => String::new(),
+            n => format!(" (and {n} more directories no snapshot owns)"),
+        };
+        let (dir, cause) = left.swap_remove(0);
+        Err(Error::io(
+            format!("removing {}{more}", dir.display()),
+            cause,
+        ))
+    }
+
+    /// Removes the directories no snapshot owns, and returns those it could not remove,
+    /// each logged.
+    fn remove_orphans(&self) -> Result<Vec<(PathBuf, io::Error)>, Error> {
         let _writer = self.writer.lock();
         let meta = self.current();
         let owned: std::collections::HashSet<String> = meta
@@ -483,16 +519,21 @@ impl Snapshots {
         let dir = self.dirs.snapshots();
         let entries =
             fs::read_dir(&dir).map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
+        let mut left = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !owned.contains(&name) {
-                tracing::info!(dir = %entry.path().display(), "removing a directory no snapshot owns");
-                tree::remove(&entry.path())
-                    .map_err(|e| Error::io(format!("removing {}", entry.path().display()), e))?;
+            if owned.contains(&name) {
+                continue;
+            }
+            let path = entry.path();
+            tracing::info!(dir = %path.display(), "removing a directory no snapshot owns");
+            if let Err(e) = tree::remove(&path) {
+                tracing::warn!(dir = %path.display(), error = %e, "cannot remove a directory no snapshot owns; leaving it");
+                left.push((path, e));
             }
         }
-        Ok(())
+        Ok(left)
     }
 
     /// Removes a directory that is no longer wanted; a failure is left to cleanup.
@@ -557,5 +598,55 @@ mod tests {
             format!("k8s.io/7/{c}")
         );
         assert_eq!(adopted_name("plain", &c), format!("plain@{c}"));
+    }
+
+    /// Unmounts what a test mounted, also when the test fails.
+    struct Unmount(PathBuf);
+
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+
+    /// A mount left in a directory no snapshot owns keeps that directory from being
+    /// removed; the snapshotter starts all the same, removes the other leftovers, and the
+    /// next snapshot passes over the id the leftover holds.
+    #[test]
+    fn a_leftover_that_cannot_be_removed_does_not_keep_the_snapshotter_down() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let stuck = root.join("snapshots/1/fs");
+        fs::create_dir_all(&stuck).unwrap();
+        fs::create_dir_all(root.join("snapshots/2/fs/deep")).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "none"])
+            .arg(&stuck)
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mounting a tmpfs on {}", stuck.display());
+        let mount = Unmount(stuck.clone());
+        fs::write(stuck.join("kept"), b"x").unwrap();
+
+        let config = Config {
+            root: root.clone(),
+            view: None,
+            driver: "overlay".into(),
+        };
+        let snapshots = Snapshots::open(&config).expect("starting beside a stuck leftover");
+        assert!(!root.join("snapshots/2").exists());
+        assert!(
+            stuck.join("kept").exists(),
+            "what is mounted is not touched"
+        );
+        let left = snapshots.cleanup().unwrap_err().to_string();
+        assert!(left.contains("snapshots/1"), "{left}");
+
+        snapshots.prepare("k", "", BTreeMap::new()).unwrap();
+        assert_ne!(snapshots.stat("k").unwrap().record.id, 1);
+
+        drop(mount);
+        snapshots.cleanup().unwrap();
+        assert!(!root.join("snapshots/1").exists());
     }
 }
