@@ -1870,6 +1870,64 @@ impl Drop for ThrottledWrites {
     }
 }
 
+/// Makes a directory immutable (`chattr +i`) for as long as it lives.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn make(dir: &Path) -> Immutable {
+        run(Command::new("chattr").arg("+i").arg(dir));
+        Immutable(dir.to_owned())
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+    }
+}
+
+/// A quota change whose registry cannot be saved fails, and is not made: not in force
+/// while the daemon runs, nor after a remount. Local's root is made immutable, so the
+/// registry in it cannot be replaced while everything below it still works. A changed
+/// limit stayed in force after its error, and a cleared root stayed cleared, until the
+/// next mount brought the old registry back.
+#[test]
+fn a_quota_change_that_cannot_be_saved_is_not_made() {
+    let mut tmpfs = LocalFs::default();
+    let mut m = mount_with(Options::default(), |remote| {
+        tmpfs.tmpfs(&local_beside(remote), "size=64m,mode=755")
+    });
+    root(&m, "c1", "8M", &[]);
+    fs::create_dir_all(m.path("overlay/c2")).unwrap();
+    let expect = |m: &Mount, when: &str| {
+        let q = get(m, "overlay/c1");
+        assert_eq!(q.limit, 8 * MIB, "{when}: the limit of overlay/c1");
+        let listed: Vec<String> = list(m).into_iter().map(|q| q.path).collect();
+        assert_eq!(listed, ["overlay/c1"], "{when}: the roots");
+        let written = fill_root(&m.path("overlay/c1"), "fill", libc::ENOSPC);
+        assert!(
+            (7 * MIB..=8 * MIB).contains(&written),
+            "{when}: {written} bytes written into overlay/c1 before ENOSPC"
+        );
+        fs::remove_file(m.path("overlay/c1/fill")).unwrap();
+    };
+    {
+        let _frozen = Immutable::make(&m.local);
+        for (sub, args) in [
+            ("set", &["overlay/c1", "16M"][..]),
+            ("clear", &["overlay/c1"][..]),
+            ("set", &["overlay/c2", "8M"][..]),
+        ] {
+            let err = quota_err(&m, sub, args);
+            assert!(err.contains("registry"), "quota {sub} {args:?}: {err}");
+        }
+        expect(&m, "after the failed changes");
+    }
+    m.remount(&Options::default());
+    m.wait_for_control();
+    expect(&m, "after a remount");
+}
+
 /// Saving the registry waits for local's disk twice (the file, then its directory), and
 /// every directory rename takes the quota change lock while any root exists. A rename
 /// must not wait for a save: with the daemon's writes to local throttled so that a save

@@ -29,8 +29,10 @@
 //! the snapshots of the registry taken under it, and is taken with no object's state
 //! locked; under it, objects' states are locked ([`Object::tally`]) for reading and
 //! updating alone. Snapshots are written to local under a lock of their own
-//! (`Ledger::written`), taken with no other lock held: a write waits for the disk, and
-//! every directory rename takes the change lock while any root exists. The table of roots
+//! (`Ledger::written`), never under the change lock: a write waits for the disk, and
+//! every directory rename takes the change lock while any root exists. Setting and
+//! clearing a root take `written` before the change lock, and hold it until their change
+//! is saved (or taken back, when it cannot be). The table of roots
 //! and each root's path are leaves; limits, usage and reservations are atomics. A file's
 //! measuring lock ([`Object::measuring`]) is taken before its state, never while the change
 //! lock is held.

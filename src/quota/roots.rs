@@ -77,12 +77,18 @@ impl Ledger {
         let local = local().map_err(sys)?;
         let st = store::stat_fd(local.as_fd()).map_err(sys)?;
         let root = {
-            let mut changes = self.quotas.lock_changes();
+            let changes = self.quotas.lock_changes();
             if let Some(root) = self.own_root(&**dir) {
-                root.set_limit(limit);
-                let snapshot = self.snapshot(&mut changes);
                 drop(changes);
-                self.write(snapshot)?;
+                let old = root.limit();
+                self.save_change(
+                    || root.set_limit(limit),
+                    || {
+                        if root.limit() == limit {
+                            root.set_limit(old);
+                        }
+                    },
+                )?;
                 info!(path = %shown, limit = limit.bytes, "quota changed");
                 return Ok(root.info());
             }
@@ -124,8 +130,12 @@ impl Ledger {
         let usage = scan::usage(local.as_fd()).map_err(|e| withdraw(sys(e)))?;
         root.charge(usage.bytes as i64);
         root.charge_inodes(usage.inodes as i64);
-        let snapshot = self.snapshot(&mut self.quotas.lock_changes());
-        self.write(snapshot).map_err(withdraw)?;
+        self.save_change(
+            || {},
+            || {
+                self.quotas.remove(st.st_dev, st.st_ino);
+            },
+        )?;
         info!(path = %shown, limit = limit.bytes, used = usage.bytes, "quota set");
         Ok(root.info())
     }
@@ -133,17 +143,43 @@ impl Ledger {
     /// See [`super::Accounting::clear`].
     pub(super) fn clear_root<O: Object>(&self, dir: &O) -> Result<QuotaInfo, QuotaError> {
         let path = dir.path().unwrap_or_default().display().to_string();
-        let (root, snapshot) = {
-            let mut changes = self.quotas.lock_changes();
-            let root = self
-                .own_root(dir)
-                .ok_or(QuotaError::NotRoot { path: path.clone() })?;
-            self.quotas.remove(root.dev, root.ino);
-            (root, self.snapshot(&mut changes))
+        let root = {
+            let _changes = self.quotas.lock_changes();
+            self.own_root(dir)
+                .ok_or(QuotaError::NotRoot { path: path.clone() })?
         };
-        self.write(snapshot)?;
+        // Enforced until the registry without it is on disk: writes meanwhile are
+        // counted, so a root that stays (the save failed) keeps an exact usage.
+        self.save_change(|| root.set_leaving(true), || root.set_leaving(false))?;
+        self.quotas.remove(root.dev, root.ino);
         info!(path = %path, "quota cleared");
         Ok(root.info())
+    }
+
+    /// Changes the roots with `apply` and saves the registry with the change. If it cannot
+    /// be saved, `undo` takes the change back and the registry as it was is saved again:
+    /// a change the caller is told failed is then neither in force nor on disk. Both run
+    /// under the change lock. `written` is held throughout, so that no snapshot taken
+    /// meanwhile (which may carry the change) reaches the disk after the one saved back.
+    fn save_change(&self, apply: impl FnOnce(), undo: impl FnOnce()) -> Result<(), QuotaError> {
+        let mut written = self.written.lock();
+        let snapshot = {
+            let mut changes = self.quotas.lock_changes();
+            apply();
+            self.snapshot(&mut changes)
+        };
+        let Err(failed) = self.write_locked(&mut written, snapshot) else {
+            return Ok(());
+        };
+        let back = {
+            let mut changes = self.quotas.lock_changes();
+            undo();
+            self.snapshot(&mut changes)
+        };
+        if let Err(e) = self.write_locked(&mut written, back) {
+            warn!(error = %e, "the quota registry could not be saved back after a failed change; the next change saves it");
+        }
+        Err(failed)
     }
 
     /// The registry as the roots stand, numbered after the last one: taken under the
@@ -160,7 +196,11 @@ impl Ledger {
     /// under the change lock: it waits for the disk, and every directory rename takes
     /// that lock while any root exists.
     pub(super) fn write(&self, snapshot: Snapshot) -> Result<(), QuotaError> {
-        let mut written = self.written.lock();
+        self.write_locked(&mut self.written.lock(), snapshot)
+    }
+
+    /// [`Ledger::write`], with `written` held by the caller (`written` is its guard).
+    fn write_locked(&self, written: &mut u64, snapshot: Snapshot) -> Result<(), QuotaError> {
         if *written >= snapshot.number {
             return Ok(());
         }
@@ -191,6 +231,7 @@ fn registry_of(quotas: &Quotas) -> Registry {
         roots: quotas
             .list()
             .iter()
+            .filter(|r| !r.is_leaving())
             .map(|r| {
                 let (limit, usage) = (r.limit(), r.usage());
                 persist::Entry {

@@ -51,6 +51,9 @@ pub struct QuotaRoot {
     inodes: AtomicU64,
     reserved_inodes: AtomicU64,
     errno: Errno,
+    /// Being cleared: still enforced, but left out of the registry (see
+    /// `Ledger::clear_root`).
+    leaving: AtomicBool,
 }
 
 impl QuotaRoot {
@@ -73,7 +76,16 @@ impl QuotaRoot {
             inodes: AtomicU64::new(usage.inodes),
             reserved_inodes: AtomicU64::new(0),
             errno,
+            leaving: AtomicBool::new(false),
         }
+    }
+
+    pub fn is_leaving(&self) -> bool {
+        self.leaving.load(Ordering::Relaxed)
+    }
+
+    pub fn set_leaving(&self, leaving: bool) {
+        self.leaving.store(leaving, Ordering::Relaxed);
     }
 
     pub fn path(&self) -> PathBuf {
