@@ -29,6 +29,16 @@ const MAX_FRAME: usize = 16_384;
 const MAX_PAYLOAD: usize = (1 << 24) - 1;
 /// A header block larger than this is refused (h2 refuses far smaller ones itself).
 const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// What a decoded header list may add up to, counted as RFC 7541 §4.1 counts table entries.
+/// References into the table let a small block decode to thousands of times its size; h2
+/// refuses lists far smaller than this, so only garbage meets the limit.
+const MAX_HEADER_LIST: usize = 1 << 20;
+/// The per-field overhead of RFC 7541 §4.1.
+const ENTRY_OVERHEAD: usize = 32;
+/// The largest HPACK dynamic table a client may ask the shim to keep. The server never sends
+/// SETTINGS_HEADER_TABLE_SIZE, so the client is held to HTTP/2's initial value (RFC 9113
+/// §6.5.2); a size update above it is a decoding error (RFC 7541 §4.2, §6.3).
+const TABLE_SIZE: usize = 4096;
 /// What an authority that h2 would refuse becomes.
 const LOCAL: &[u8] = b"localhost";
 
@@ -53,6 +63,8 @@ pub enum ShimError {
     Frame(&'static str),
     #[error("header block does not decode: {0}")]
     Hpack(String),
+    #[error("{0} larger than {1} bytes")]
+    TooLarge(&'static str, usize),
 }
 
 /// Serves `client` through the rewriting shim: returns the stream to hand to the gRPC server,
@@ -150,10 +162,22 @@ enum Taken {
 }
 
 /// The state of the client's header blocks: HPACK's table, and a block being collected.
-#[derive(Default)]
 struct Blocks {
     decoder: loona_hpack::Decoder<'static>,
     open: Option<OpenBlock>,
+}
+
+impl Default for Blocks {
+    fn default() -> Blocks {
+        // The table starts at TABLE_SIZE and evicts oldest-first as entries arrive
+        // (RFC 7541 §4.4); capping size updates keeps it there.
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(TABLE_SIZE);
+        Blocks {
+            decoder,
+            open: None,
+        }
+    }
 }
 
 struct OpenBlock {
@@ -170,9 +194,7 @@ impl Blocks {
             if frame.kind != CONTINUATION || frame.stream != open.stream {
                 return Err(ShimError::Frame("header block interrupted"));
             }
-            if open.fragment.len() + frame.payload.len() > MAX_HEADER_BLOCK {
-                return Err(ShimError::Frame("header block too large"));
-            }
+            within_block_limit(open.fragment.len() + frame.payload.len())?;
             open.fragment.extend_from_slice(frame.payload);
         } else {
             match frame.kind {
@@ -191,8 +213,15 @@ impl Blocks {
 
     fn decode(&mut self, fragment: &[u8]) -> Result<Vec<Field>, ShimError> {
         let mut fields = Vec::new();
+        let mut size = 0usize;
         self.decoder
             .decode_with_cb(fragment, |name: Cow<[u8]>, value: Cow<[u8]>| {
+                // The decoder cannot be stopped from here: past the limit, fields are
+                // only counted, and the block is refused once decoding ends.
+                size = size.saturating_add(name.len() + value.len() + ENTRY_OVERHEAD);
+                if size > MAX_HEADER_LIST {
+                    return;
+                }
                 let value = if &*name == b":authority" && !is_authority(&value) {
                     LOCAL.to_vec()
                 } else {
@@ -200,7 +229,10 @@ impl Blocks {
                 };
                 fields.push((name.into_owned(), value));
             })
-            .map_err(|e| ShimError::Hpack(format!("{e:?}")))?;
+            .map_err(|e| ShimError::Hpack(e.to_string()))?;
+        if size > MAX_HEADER_LIST {
+            return Err(ShimError::TooLarge("decoded header list", MAX_HEADER_LIST));
+        }
         Ok(fields)
     }
 }
@@ -227,6 +259,7 @@ impl OpenBlock {
         if padding > rest.len() {
             return Err(ShimError::Frame("padding longer than the frame"));
         }
+        within_block_limit(rest.len() - padding)?;
         Ok(OpenBlock {
             stream: frame.stream,
             end_stream: frame.flags & END_STREAM != 0,
@@ -259,6 +292,14 @@ impl OpenBlock {
     }
 }
 
+/// A header block is held whole until it ends, so its size is bounded from its first frame.
+fn within_block_limit(len: usize) -> Result<(), ShimError> {
+    if len > MAX_HEADER_BLOCK {
+        return Err(ShimError::TooLarge("header block", MAX_HEADER_BLOCK));
+    }
+    Ok(())
+}
+
 fn push_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, parts: &[&[u8]]) {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     out.extend_from_slice(&(len as u32).to_be_bytes()[1..]);
@@ -288,19 +329,25 @@ fn encode(fields: &[Field]) -> Vec<u8> {
 
 /// A string literal: its length as an HPACK integer with a 7-bit prefix, then its octets.
 fn push_string(out: &mut Vec<u8>, s: &[u8]) {
-    let mut len = s.len();
-    if len < 0x7f {
-        out.push(len as u8);
-    } else {
-        out.push(0x7f);
-        len -= 0x7f;
-        while len >= 0x80 {
-            out.push((len & 0x7f) as u8 | 0x80);
-            len >>= 7;
-        }
-        out.push(len as u8);
-    }
+    push_int(out, 0, 7, s.len());
     out.extend_from_slice(s);
+}
+
+/// An HPACK integer (RFC 7541 §5.1) in the low `prefix` bits of a first octet whose high
+/// bits are `flags`.
+fn push_int(out: &mut Vec<u8>, flags: u8, prefix: u32, mut n: usize) {
+    let max = (1usize << prefix) - 1;
+    if n < max {
+        out.push(flags | n as u8);
+        return;
+    }
+    out.push(flags | max as u8);
+    n -= max;
+    while n >= 0x80 {
+        out.push((n & 0x7f) as u8 | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
 }
 
 #[cfg(test)]
@@ -459,5 +506,156 @@ mod tests {
         assert!(state.take(frame(0x0, 0, 1)).is_err());
         let mut state = Blocks::default();
         assert!(state.take(frame(CONTINUATION, END_HEADERS, 1)).is_err());
+    }
+
+    /// A field the receiver adds to its table (RFC 7541 §6.2.1), with a literal name.
+    fn indexed_literal(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+        out.push(0x40);
+        push_string(out, name);
+        push_string(out, value);
+    }
+
+    fn whole_block(state: &mut Blocks, stream: u32, block: &[u8]) -> Result<Taken, ShimError> {
+        state.take(Frame {
+            kind: HEADERS,
+            flags: END_HEADERS,
+            stream,
+            payload: block,
+        })
+    }
+
+    fn describe(taken: &Result<Taken, ShimError>) -> String {
+        match taken {
+            Ok(Taken::Pass) => "passed".into(),
+            Ok(Taken::Pending) => "held as pending".into(),
+            Ok(Taken::Ready(frames)) => format!("accepted ({} bytes out)", frames.len()),
+            Err(e) => format!("refused: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_table_size_update_above_the_http2_default_is_refused() {
+        // Raise the table to 128 MiB, then fill it across blocks: each entry would stay.
+        let mut state = Blocks::default();
+        let mut block = Vec::new();
+        push_int(&mut block, 0x20, 5, 1 << 27);
+        indexed_literal(&mut block, b"x-fill", &[b'f'; 3000]);
+        let taken = whole_block(&mut state, 1, &block);
+        assert!(
+            matches!(taken, Err(ShimError::Hpack(_))),
+            "a table size update to 2^27 must be refused, but it was {}",
+            describe(&taken)
+        );
+    }
+
+    #[test]
+    fn a_table_size_update_within_the_default_is_kept() {
+        let mut state = Blocks::default();
+        let mut block = Vec::new();
+        push_int(&mut block, 0x20, 5, TABLE_SIZE);
+        indexed_literal(&mut block, b"a", b"b");
+        assert!(matches!(
+            whole_block(&mut state, 1, &block),
+            Ok(Taken::Ready(_))
+        ));
+    }
+
+    #[test]
+    fn the_table_evicts_its_oldest_entries_at_the_cap() {
+        // Three entries of 2033 bytes each (RFC 7541 §4.1) do not fit in 4096: the first goes.
+        let mut state = Blocks::default();
+        for (i, fill) in [b'1', b'2', b'3'].into_iter().enumerate() {
+            let mut block = Vec::new();
+            indexed_literal(&mut block, b"x", &[fill; 2000]);
+            whole_block(&mut state, 1 + 2 * i as u32, &block).unwrap();
+        }
+        // The dynamic table starts at index 62 with its newest entry.
+        let Taken::Ready(frames) = whole_block(&mut state, 7, &[0x80 | 63]).unwrap() else {
+            panic!("ready");
+        };
+        let fields = &decode_all(&[frames[FRAME_HEADER..].to_vec()])[0];
+        assert_eq!(fields[0].1.as_bytes(), &[b'2'; 2000][..]);
+        let taken = whole_block(&mut state, 9, &[0x80 | 64]);
+        assert!(
+            matches!(taken, Err(ShimError::Hpack(_))),
+            "the evicted entry must be gone, but it was {}",
+            describe(&taken)
+        );
+    }
+
+    #[test]
+    fn a_first_headers_frame_over_the_block_limit_is_refused() {
+        let block = encode(&[(b"x-big".to_vec(), vec![b'z'; MAX_HEADER_BLOCK])]);
+        assert!(block.len() > MAX_HEADER_BLOCK);
+        let taken = whole_block(&mut Blocks::default(), 1, &block);
+        assert!(
+            matches!(taken, Err(ShimError::TooLarge(..))),
+            "a single HEADERS frame of {} bytes must be refused, but it was {}",
+            block.len(),
+            describe(&taken)
+        );
+        // The same block announced to continue: refused before a CONTINUATION arrives.
+        let taken = Blocks::default().take(Frame {
+            kind: HEADERS,
+            flags: 0,
+            stream: 1,
+            payload: &block,
+        });
+        assert!(
+            matches!(taken, Err(ShimError::TooLarge(..))),
+            "an unfinished HEADERS frame of {} bytes must be refused, but it was {}",
+            block.len(),
+            describe(&taken)
+        );
+    }
+
+    #[test]
+    fn a_block_one_byte_over_the_limit_across_continuations_is_refused() {
+        let mut state = Blocks::default();
+        let block = vec![0u8; MAX_HEADER_BLOCK + 1];
+        let (first, rest) = block.split_at(MAX_HEADER_BLOCK);
+        let frame = |kind, flags, payload| Frame {
+            kind,
+            flags,
+            stream: 1,
+            payload,
+        };
+        assert!(matches!(
+            state.take(frame(HEADERS, 0, first)),
+            Ok(Taken::Pending)
+        ));
+        let taken = state.take(frame(CONTINUATION, END_HEADERS, rest));
+        assert!(matches!(taken, Err(ShimError::TooLarge(..))));
+    }
+
+    #[test]
+    fn references_into_the_table_cannot_blow_a_block_up() {
+        // One entry of about 4 KiB, then a block of a thousand one-byte references to it.
+        let mut state = Blocks::default();
+        let mut block = Vec::new();
+        indexed_literal(&mut block, b"x-big", &[b'v'; 4000]);
+        whole_block(&mut state, 1, &block).unwrap();
+        let references = vec![0x80 | 62; 1000];
+        let taken = whole_block(&mut state, 3, &references);
+        assert!(
+            matches!(taken, Err(ShimError::TooLarge(..))),
+            "1000 bytes decoding to 4 MB must be refused, but it was {}",
+            describe(&taken)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_block_ends_the_connection_before_it_reaches_the_server() {
+        let mut block = Vec::new();
+        push_int(&mut block, 0x20, 5, TABLE_SIZE + 1);
+        block.extend_from_slice(&encode(&[(b"a".to_vec(), b"b".to_vec())]));
+        let mut client = PREFACE.to_vec();
+        push_frame(&mut client, HEADERS, END_HEADERS, 1, &[&block]);
+        // Whatever follows is not read.
+        push_frame(&mut client, 0x0, 0, 1, &[b"data"]);
+        let mut server = Vec::new();
+        let result = rewrite(&mut &client[..], &mut server).await;
+        assert!(matches!(result, Err(ShimError::Hpack(_))), "{result:?}");
+        assert_eq!(server, PREFACE);
     }
 }
