@@ -246,11 +246,7 @@ impl Snapshots {
         let _writer = self.writer.lock();
         let mut meta = (*self.current()).clone();
         let parent = check_parent(&meta, parent)?;
-        let parent_chain = match &parent {
-            Some(p) => meta.get(p)?.chain.clone(),
-            None => None,
-        };
-        if parent_chain != layer.parent_chain {
+        if chain_below(&meta, parent.as_deref())? != Some(layer.parent_chain.clone()) {
             tracing::debug!(
                 key,
                 target,
@@ -336,16 +332,15 @@ impl Snapshots {
             // Removed and prepared again meanwhile: measure what is there now.
             _ => quota::usage(&self.root, &dir, active.quota.is_some())?,
         };
-        let parent_chain = match &active.parent {
-            Some(p) => meta.get(p)?.chain.clone(),
-            None => None,
-        };
-        let dedupe = shared.filter(|layer| layer.parent_chain == parent_chain);
+        let below = chain_below(&meta, active.parent.as_deref())?;
+        let dedupe = shared.filter(|layer| below.as_ref() == Some(&layer.parent_chain));
         let mut record = Record {
             kind: Kind::Committed,
             labels,
             updated: meta::now(),
-            chain,
+            // A chain ID names every layer below too: over layers of unknown chain, the
+            // name cannot be what they are.
+            chain: chain.filter(|_| below.is_some()),
             usage: Some(usage),
             ..active
         };
@@ -543,6 +538,17 @@ impl Snapshots {
                 tracing::warn!(dir = %dir.display(), error = %e, "left for cleanup");
             }
         }
+    }
+}
+
+/// The chain ID of the layers under a snapshot over `parent`: `Some(None)` over none, and
+/// `None` where it is not known (the parent, or a snapshot below it, was committed under a
+/// name that is no chain ID). A shared layer backs only a snapshot whose layers below are
+/// its own, so never one of unknown chain.
+fn chain_below(meta: &Meta, parent: Option<&str>) -> Result<Option<Option<String>>, Error> {
+    match parent {
+        None => Ok(Some(None)),
+        Some(p) => Ok(meta.get(p)?.chain.clone().map(Some)),
     }
 }
 

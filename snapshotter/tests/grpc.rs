@@ -543,6 +543,93 @@ async fn a_committed_chain_the_view_holds_drops_the_local_copy() {
     assert_eq!(mounts(&mut c, "default/3/ctr").await.unwrap(), ctr);
 }
 
+/// A snapshot over a parent committed under a name that is no chain ID has layers below it
+/// whose chain is unknown: it is never taken for a shared base layer, which has none.
+/// Committed or prepared under a base layer's chain ID, it stays local, with its own
+/// files. Before, "no parent" and "a parent of unknown chain" were alike, and the commit
+/// replaced the snapshot's files with the base layer's.
+#[tokio::test]
+async fn a_snapshot_over_a_parent_of_unknown_chain_is_never_a_shared_base_layer() {
+    let tmp = tempdir();
+    let view = tmp.path().join("view");
+    let image = Image {
+        name: "x".into(),
+        layers: vec![Layer::file("etc/one", b"1"), Layer::file("etc/two", b"2")],
+    };
+    image.write_shared(&view);
+    let chains = image.chain_ids();
+    let root = tmp.path().join("root");
+    let s = Snapshotter::start(&tmp.path().join("s.sock"), &root, Some(&view));
+    let mut c = s.client().await;
+
+    prepare(&mut c, "default/1/extract-1 a", "", HashMap::new())
+        .await
+        .unwrap();
+    commit(&mut c, "default/2/plain", "default/1/extract-1 a")
+        .await
+        .unwrap();
+    let m = prepare(
+        &mut c,
+        "default/3/extract-2 b",
+        "default/2/plain",
+        HashMap::new(),
+    )
+    .await
+    .unwrap();
+    let upper = m[0]
+        .options
+        .iter()
+        .find_map(|o| o.strip_prefix("upperdir="))
+        .unwrap()
+        .to_owned();
+    fs::write(Path::new(&upper).join("mine"), b"x").unwrap();
+    let named = format!("default/4/{}", chains[0]);
+    commit(&mut c, &named, "default/3/extract-2 b")
+        .await
+        .unwrap();
+    assert!(
+        !s.log_text().contains("dropping the local copy"),
+        "the commit took the shared base layer's files"
+    );
+    assert_eq!(snapshot_dirs(&root).len(), 2, "{:?}", snapshot_dirs(&root));
+    let ctr = prepare(&mut c, "default/5/ctr", &named, HashMap::new())
+        .await
+        .unwrap();
+    let lower = ctr[0]
+        .options
+        .iter()
+        .find_map(|o| o.strip_prefix("lowerdir="))
+        .unwrap();
+    assert!(
+        !lower.contains(&view.to_string_lossy().into_owned()),
+        "a lower dir in the shared tree: {lower}"
+    );
+
+    // Nor is one above it, whatever its name says.
+    prepare(&mut c, "default/6/extract-3 c", &named, HashMap::new())
+        .await
+        .unwrap();
+    commit(
+        &mut c,
+        &format!("default/7/{}", chains[1]),
+        "default/6/extract-3 c",
+    )
+    .await
+    .unwrap();
+    assert!(
+        !s.log_text().contains("dropping the local copy"),
+        "the commit over it took the shared top layer's files"
+    );
+    assert_eq!(snapshot_dirs(&root).len(), 4, "{:?}", snapshot_dirs(&root));
+
+    // Prepared with the label: an ordinary active snapshot, not an adopted one.
+    let labelled = labels(&[(REF, &chains[0])]);
+    let m = prepare(&mut c, "default/8/extract-4 d", "default/2/plain", labelled)
+        .await
+        .unwrap();
+    assert_eq!(m[0].r#type, "overlay", "{m:?}");
+}
+
 /// A refresh that removes a shared layer still in use: the snapshots stay listed, and a
 /// new mount over them fails with a message naming the layer, instead of a bare ENOENT
 /// from mount(2).
