@@ -151,7 +151,10 @@ impl Ledger {
         // Enforced until the registry without it is on disk: writes meanwhile are
         // counted, so a root that stays (the save failed) keeps an exact usage.
         self.save_change(|| root.set_leaving(true), || root.set_leaving(false))?;
-        self.quotas.remove(root.dev, root.ino);
+        {
+            let _changes = self.quotas.lock_changes();
+            self.quotas.remove(root.dev, root.ino);
+        }
         info!(path = %path, "quota cleared");
         Ok(root.info())
     }
