@@ -44,13 +44,24 @@ pub enum CsiError {
 }
 
 impl CsiError {
-    /// Wraps an I/O error with what was being done; `ENOSPC` becomes `RESOURCE_EXHAUSTED`.
+    /// Wraps an I/O error with what was being done. The errors that say the request is too
+    /// big for this node get the codes the CSI spec gives them: no space or quota left is
+    /// `RESOURCE_EXHAUSTED`; a file larger than the filesystem can hold is `OUT_OF_RANGE`
+    /// (a capacity the driver does not support), which a retry cannot fix.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         let context = context.into();
-        if source.raw_os_error() == Some(libc::ENOSPC) {
-            return CsiError::ResourceExhausted(format!("{context}: no space left on device"));
+        match source.raw_os_error() {
+            Some(libc::ENOSPC) => {
+                CsiError::ResourceExhausted(format!("{context}: no space left on device"))
+            }
+            Some(libc::EDQUOT) => {
+                CsiError::ResourceExhausted(format!("{context}: disk quota exceeded"))
+            }
+            Some(libc::EFBIG) => CsiError::OutOfRange(format!(
+                "{context}: larger than the filesystem holding the volumes allows"
+            )),
+            _ => CsiError::Io { context, source },
         }
-        CsiError::Io { context, source }
     }
 
     pub fn code(&self) -> Code {
@@ -106,5 +117,41 @@ impl From<Failure> for CsiError {
             Code::ResourceExhausted => CsiError::ResourceExhausted(f.message),
             _ => CsiError::Internal(f.message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code_of(errno: i32) -> Code {
+        CsiError::io("sizing disk", std::io::Error::from_raw_os_error(errno)).code()
+    }
+
+    #[test]
+    fn a_file_too_large_for_the_store_is_out_of_range() {
+        assert_eq!(code_of(libc::EFBIG), Code::OutOfRange);
+    }
+
+    #[test]
+    fn running_out_of_space_or_quota_is_resource_exhausted() {
+        assert_eq!(code_of(libc::ENOSPC), Code::ResourceExhausted);
+        assert_eq!(code_of(libc::EDQUOT), Code::ResourceExhausted);
+    }
+
+    #[test]
+    fn other_io_errors_stay_internal() {
+        assert_eq!(code_of(libc::EIO), Code::Internal);
+        assert_eq!(code_of(libc::EACCES), Code::Internal);
+    }
+
+    #[test]
+    fn the_status_keeps_what_was_being_done() {
+        let status = Status::from(CsiError::io(
+            "sizing disk",
+            std::io::Error::from_raw_os_error(libc::EFBIG),
+        ));
+        assert_eq!(status.code(), Code::OutOfRange);
+        assert!(status.message().starts_with("sizing disk: "), "{status:?}");
     }
 }

@@ -1186,6 +1186,64 @@ async fn volume_errors_and_idempotency() {
     c.delete_volume(&u1.volume_id).await;
 }
 
+/// A capacity the volume store's filesystem cannot hold is OUT_OF_RANGE (a size the driver
+/// does not support), not an internal failure, and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn capacity_beyond_the_store_is_out_of_range() {
+    let server = Server::start();
+    let mut c = server.clients().await;
+    // Past ext4's largest file (16 TiB): the filesystem answers EFBIG. Filesystems with
+    // larger files (xfs, tmpfs) take it, so then only the second case applies. i64::MAX is
+    // past what a signed 64-bit size can say once rounded up to the volume alignment.
+    let huge = 1i64 << 62;
+    let mut cases = Vec::new();
+    if store_refuses_size(server.path(), huge as u64) {
+        cases.push(("pvc-huge", huge));
+    } else {
+        eprintln!("the store's filesystem holds {huge}-byte files; EFBIG is not reached");
+    }
+    cases.push(("pvc-max", i64::MAX));
+    for &(name, bytes) in &cases {
+        let err = c.volume_refused(volume_req(name, bytes, None)).await;
+        assert_eq!(err.code(), Code::OutOfRange, "{name}: {err:?}");
+    }
+    let volumes = c
+        .ctl
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(volumes.entries.is_empty(), "{volumes:?}");
+    assert_eq!(temps_under(server.path()), Vec::<PathBuf>::new());
+
+    let vol = c.volume(volume_req("pvc-grow", 4 * MIB, None)).await;
+    for &(_, bytes) in &cases {
+        let err = c
+            .ctl
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::OutOfRange, "expand to {bytes}: {err:?}");
+    }
+    c.delete_volume(&vol.volume_id).await;
+}
+
+/// Whether the filesystem holding `dir` refuses a sparse file of `len` bytes as too large.
+fn store_refuses_size(dir: &Path, len: u64) -> bool {
+    let probe = tempfile::tempfile_in(dir).unwrap();
+    match probe.set_len(len) {
+        Ok(()) => false,
+        Err(e) => e.raw_os_error() == Some(libc::EFBIG),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn download_failures_leave_nothing_behind() {
     let server = Server::start_with(&[ALLOW_LOCAL]);

@@ -33,6 +33,8 @@ use super::{download, files, Driver};
 const ALIGN: u64 = 1 << 20;
 /// The capacity of a new empty volume when none is asked for.
 const DEFAULT_CAPACITY: u64 = 1 << 30;
+/// The largest capacity: CSI sizes and file sizes are both signed 64-bit.
+const MAX_CAPACITY: u64 = i64::MAX as u64;
 
 pub struct ControllerService(pub Arc<Driver>);
 
@@ -92,15 +94,23 @@ fn capacity_range(range: Option<&CapacityRange>) -> Result<(u64, u64)> {
 /// Fits `wanted` bytes (rounded up) under `limit`.
 fn fit(wanted: u64, limit: u64) -> Result<u64> {
     let rounded = round_up(wanted.max(1));
-    if limit == 0 || rounded <= limit {
-        Ok(rounded)
+    let capacity = if limit == 0 || rounded <= limit {
+        rounded
     } else if wanted <= limit {
-        Ok(limit)
+        limit
     } else {
-        Err(CsiError::OutOfRange(format!(
+        return Err(CsiError::OutOfRange(format!(
             "a volume of {wanted} bytes does not fit limit_bytes {limit}"
-        )))
+        )));
+    };
+    // Rounding up near the top of the range goes past it.
+    if capacity > MAX_CAPACITY {
+        return Err(CsiError::OutOfRange(format!(
+            "a volume of {wanted} bytes, rounded up to whole MiB, is larger than any volume \
+             can be ({MAX_CAPACITY} bytes)"
+        )));
     }
+    Ok(capacity)
 }
 
 /// The page of `items` that starts at `token` with at most `max` entries, and the next token.
@@ -331,5 +341,21 @@ impl Controller for ControllerService {
             capacity_bytes: i64::try_from(capacity).unwrap_or(i64::MAX),
             node_expansion_required: true,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capacity_rounded_past_a_signed_size_is_out_of_range() {
+        let err = fit(MAX_CAPACITY, 0).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::OutOfRange, "{err}");
+        assert_eq!(fit(MAX_CAPACITY, MAX_CAPACITY).unwrap(), MAX_CAPACITY);
+        assert_eq!(
+            fit(MAX_CAPACITY - ALIGN, 0).unwrap(),
+            MAX_CAPACITY + 1 - ALIGN
+        );
     }
 }
