@@ -27,8 +27,8 @@
 //! over a unix socket ([`authority`] lets any client in); [`volumes`] and [`backing_image`] are
 //! the two stores; [`cut`] keeps the point-in-time copies snapshots are made from; [`export`]
 //! and [`download`] produce image files, writing and checksumming them in one pass with
-//! [`copy`]; [`mounts`] does loop devices and mounts; [`names`] maps CSI names to safe
-//! on-disk names.
+//! [`copy`]; [`mounts`] does loop devices and mounts, one call per volume at a time
+//! ([`locks`]); [`names`] maps CSI names to safe on-disk names.
 
 pub mod authority;
 pub mod backing_image;
@@ -43,6 +43,7 @@ pub mod files;
 pub mod handle;
 pub mod identity;
 pub mod jobs;
+pub mod locks;
 pub mod mounts;
 pub mod names;
 pub mod node;
@@ -64,6 +65,7 @@ pub use server::serve;
 
 use backing_image::{ImageStore, Images};
 use jobs::JobSet;
+use locks::KeyedLocks;
 use volumes::{VolumeMeta, VolumeStore};
 
 /// The default driver name.
@@ -121,8 +123,14 @@ pub struct Driver {
     /// DeleteSnapshot waits under it for a cancelled image job to end; image jobs never take
     /// it, so that wait cannot deadlock, and a cancelled job ends within milliseconds.
     pub controller_lock: tokio::sync::Mutex<()>,
-    /// Serializes publish and unpublish on this node.
-    pub node_lock: tokio::sync::Mutex<()>,
+    /// Serializes publish, unpublish and expansion of one volume on this node. Other volumes
+    /// go on meanwhile: a publish may format, check and grow a filesystem, which takes
+    /// minutes on a big volume. Lock order: a volume's lock, then `loop_lock`; nobody holds
+    /// two volumes' locks at once, and nobody takes a volume's lock while holding `loop_lock`.
+    pub volume_locks: KeyedLocks,
+    /// Serializes attaching and detaching loop devices, which come from one pool that all
+    /// volumes share. Held only around `losetup`, never across formatting or mounting.
+    pub loop_lock: tokio::sync::Mutex<()>,
 }
 
 impl Driver {
@@ -151,7 +159,8 @@ impl Driver {
             images,
             restores: Arc::default(),
             controller_lock: tokio::sync::Mutex::new(()),
-            node_lock: tokio::sync::Mutex::new(()),
+            volume_locks: KeyedLocks::default(),
+            loop_lock: tokio::sync::Mutex::new(()),
         }))
     }
 

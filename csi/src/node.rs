@@ -57,8 +57,8 @@ impl NodeService {
             _ => Vec::new(),
         };
 
-        let _guard = self.0.node_lock.lock().await;
         let id = &req.volume_id;
+        let _guard = self.0.volume_locks.lock(id).await;
         let mut pubs = self.0.volumes.publications(id)?;
         if let Some(i) = pubs.iter().position(|p| p.target == target) {
             let p = &pubs[i];
@@ -73,13 +73,13 @@ impl NodeService {
             }
             pubs.remove(i);
         }
-        let device = mounts::attach(&disk).await?;
+        let device = self.attach(&disk).await?;
         let result = self
             .mount_device(&disk, &device, &target, block, readonly, &flags)
             .await;
         if let Err(e) = result {
             if pubs.is_empty() {
-                let _ = mounts::detach_all(&disk).await;
+                let _ = self.detach(&disk).await;
             }
             return Err(e);
         }
@@ -92,6 +92,18 @@ impl NodeService {
         self.0.volumes.set_publications(id, &pubs)?;
         tracing::info!(volume = %id, target = %target.display(), block, readonly, "published volume");
         Ok(())
+    }
+
+    /// The loop device of `disk`, attached if it has none. The caller holds the volume's lock.
+    async fn attach(&self, disk: &Path) -> Result<PathBuf> {
+        let _loops = self.0.loop_lock.lock().await;
+        mounts::attach(disk).await
+    }
+
+    /// Detaches the loop devices of `disk`. The caller holds the volume's lock.
+    async fn detach(&self, disk: &Path) -> Result<()> {
+        let _loops = self.0.loop_lock.lock().await;
+        mounts::detach_all(disk).await
     }
 
     async fn mount_device(
@@ -154,8 +166,8 @@ impl NodeService {
         }
         let disk = self.disk(&req.volume_id)?;
         let target = PathBuf::from(&req.target_path);
-        let _guard = self.0.node_lock.lock().await;
         let id = &req.volume_id;
+        let _guard = self.0.volume_locks.lock(id).await;
         if mounts::is_mounted(&target) {
             mounts::umount(&target).await?;
         }
@@ -171,7 +183,7 @@ impl NodeService {
         let mut pubs = self.0.volumes.publications(id)?;
         pubs.retain(|p| p.target != target);
         if pubs.is_empty() {
-            mounts::detach_all(&disk).await?;
+            self.detach(&disk).await?;
         }
         self.0.volumes.set_publications(id, &pubs)?;
         tracing::info!(volume = %id, target = %target.display(), "unpublished volume");
@@ -230,7 +242,8 @@ impl NodeService {
     }
 
     async fn expand(&self, req: NodeExpandVolumeRequest) -> Result<u64> {
-        let _guard = self.0.node_lock.lock().await;
+        require_volume_id(&req.volume_id)?;
+        let _guard = self.0.volume_locks.lock(&req.volume_id).await;
         let p = self.publication(&req.volume_id, &req.volume_path)?;
         mounts::refresh_size(&p.device).await?;
         if !p.block {

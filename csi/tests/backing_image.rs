@@ -1549,6 +1549,123 @@ async fn publish_never_formats_when_blkid_fails() {
     c.delete_volume(&vol.volume_id).await;
 }
 
+/// A publish that checks and grows volume A's filesystem (`e2fsck -f`, then `resize2fs`) holds
+/// up neither a publish of volume B nor anything else on B, while a second publish of A waits
+/// for the first. The real `e2fsck` runs, behind a gate the test opens: the first one to pass
+/// it waits there until told to go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_publish_holds_up_only_its_own_volume() {
+    let tools = tempfile::tempdir().unwrap();
+    let armed = tools.path().join("armed");
+    let held = tools.path().join("held");
+    let release = tools.path().join("release");
+    let real = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v e2fsck"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let wrapper = tools.path().join("e2fsck");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n\
+             if [ -e '{armed}' ] && mkdir '{held}' 2>/dev/null; then\n\
+             i=0; while [ ! -e '{release}' ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n\
+             fi\n\
+             exec {real} \"$@\"\n",
+            armed = armed.display(),
+            held = held.display(),
+            release = release.display(),
+            real = real.trim()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod")
+        .arg("+x")
+        .arg(&wrapper)
+        .status()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        tools.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let server = Server::start_env(&[], &[("PATH", path)]);
+    let mut c = server.clients().await;
+    let targets = server.path().join("targets");
+    let a = c.volume(mount_volume_req("pvc-slow", 32 * MIB, None)).await;
+    let b = c
+        .volume(mount_volume_req("pvc-other", 32 * MIB, None))
+        .await;
+    // Formatted at its first publish; grown while unpublished, so the next publish checks
+    // and grows the filesystem.
+    let (a_first, a_second) = (targets.join("a1"), targets.join("a2"));
+    c.publish_mount(&a.volume_id, &a_first).await;
+    c.unpublish(&a.volume_id, &a_first).await;
+    c.ctl
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: a.volume_id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 64 * MIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    fs::write(&armed, b"").unwrap();
+    let publish_a = |target: PathBuf| {
+        let mut c = Clients {
+            id: c.id.clone(),
+            ctl: c.ctl.clone(),
+            node: c.node.clone(),
+        };
+        let id = a.volume_id.clone();
+        tokio::spawn(async move { c.publish(&id, &target, mount_cap()).await })
+    };
+    let slow = publish_a(a_first.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !held.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the publish of A never reached e2fsck"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let waiting = publish_a(a_second.clone());
+
+    // B: published, expanded, unpublished, all while A's e2fsck is held.
+    let b_target = targets.join("b");
+    let on_b = async {
+        c.publish_mount(&b.volume_id, &b_target).await;
+        fs::write(b_target.join("file"), b"b").unwrap();
+        c.unpublish(&b.volume_id, &b_target).await;
+    };
+    let b_result = tokio::time::timeout(Duration::from_secs(20), on_b).await;
+    let a_done_early = slow.is_finished() || waiting.is_finished();
+    fs::write(&release, b"").unwrap();
+    let slow = slow.await.unwrap();
+    let waiting = waiting.await.unwrap();
+    assert!(
+        b_result.is_ok(),
+        "publishing volume B waited for volume A's e2fsck (20 s)"
+    );
+    assert!(
+        !a_done_early,
+        "a publish of volume A finished while A's first publish was held in e2fsck"
+    );
+    slow.expect("the held publish of A");
+    waiting.expect("the second publish of A");
+    c.unpublish(&a.volume_id, &a_first).await;
+    c.unpublish(&a.volume_id, &a_second).await;
+    c.delete_volume(&a.volume_id).await;
+    c.delete_volume(&b.volume_id).await;
+}
+
 /// A CO that gives up on CreateSnapshot and CreateVolume at once (a tiny gRPC deadline) does
 /// not stop the copies: retries find them, exactly one image and one volume result, and no
 /// temp file is left anywhere.
