@@ -40,9 +40,27 @@ pub async fn attach(disk: &Path) -> Result<PathBuf> {
 /// Detaches every loop device attached to `disk`.
 pub async fn detach_all(disk: &Path) -> Result<()> {
     while let Some(dev) = find_loop(disk).await? {
-        run("losetup", ["-d".as_ref(), dev.as_os_str()]).await?;
+        if let Err(e) = run("losetup", ["-d".as_ref(), dev.as_os_str()]).await {
+            // A device whose detach already went through stays listed for a moment while
+            // the kernel tears it down, and detaching it again fails (ENXIO). Only a device
+            // that stays attached is an error.
+            if !leaves(disk, &dev).await? {
+                return Err(e);
+            }
+        }
     }
     Ok(())
+}
+
+/// Whether `dev` stops backing `disk` within a couple of seconds.
+async fn leaves(disk: &Path, dev: &Path) -> Result<bool> {
+    for _ in 0..20 {
+        if find_loop(disk).await?.as_deref() != Some(dev) {
+            return Ok(true);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(false)
 }
 
 /// Makes the loop device see the current size of its file.
