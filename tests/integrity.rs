@@ -13,8 +13,8 @@
 //!   whiteouts);
 //! - a failed create over a whiteout leaves the whiteout: a deleted remote entry never comes
 //!   back;
-//! - a create that fails after the daemon made its file (out of descriptors) leaves no name,
-//!   and never replaces a whiteout;
+//! - a create or mkdir that fails after the daemon made its object (out of descriptors)
+//!   leaves no name, and never replaces a whiteout;
 //! - a million creates and deletes do not grow the daemon.
 //!
 //! Some tests compare with the same calls on a plain directory of the host filesystem (the
@@ -1655,35 +1655,42 @@ fn set_open_file_limit(pid: u32, soft: u64) -> u64 {
     old.rlim_cur
 }
 
-/// `open(O_CREAT | O_EXCL)` of `path` while the daemon may open exactly one more
-/// descriptor: the file it creates takes it, so whatever the daemon opens next for the new
-/// file fails with `EMFILE`. Returns the create's error. An idle daemon may still open or
-/// close a descriptor meanwhile, so a create that gets through is undone and tried again.
-fn create_with_one_descriptor_left(pid: u32, path: &Path) -> i32 {
+/// Makes `path` with `make` while the daemon may open exactly one more descriptor: the
+/// new object takes it, so whatever the daemon opens next for it fails with `EMFILE`.
+/// Returns the error. An idle daemon may still open or close a descriptor meanwhile, so a
+/// make that gets through is undone (`unmake`) and tried again.
+fn make_with_one_descriptor_left(
+    pid: u32,
+    path: &Path,
+    make: impl Fn(&Path) -> std::io::Result<()>,
+    unmake: impl Fn(&Path) -> std::io::Result<()>,
+) -> i32 {
     for _ in 0..10 {
         let old = set_open_file_limit(pid, lowest_free_fd(pid) + 1);
-        let r = open_raw(path, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644);
+        let r = make(path);
         set_open_file_limit(pid, old);
         match r {
-            Ok(fd) => {
-                drop(fd);
-                fs::remove_file(path).unwrap();
-            }
+            Ok(()) => unmake(path).unwrap(),
             Err(e) => return e.raw_os_error().unwrap(),
         }
     }
     panic!(
-        "10 creates of {} with one descriptor left all succeeded",
+        "10 makes of {} with one descriptor left all succeeded",
         path.display()
     );
 }
 
-/// A create that fails after the daemon made the file must not leave the file behind: the
-/// caller was told it does not exist, and an `O_EXCL` retry must succeed. Where the name
+fn create_new(path: &Path) -> std::io::Result<()> {
+    open_raw(path, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644).map(drop)
+}
+
+/// A create or mkdir that fails after the daemon made its object must not leave it
+/// behind: the caller was told it does not exist, and a retry must succeed. Where the name
 /// was a deleted remote entry, its whiteout must stay, or the remote entry comes back. The
-/// failure here is the one a daemon near its open-file limit meets.
+/// failure here is the one a daemon near its open-file limit meets: for a file, pinning
+/// it; for a directory in a shared area, looking for a remote directory to merge it with.
 #[test]
-fn a_create_that_runs_out_of_descriptors_leaves_no_name() {
+fn a_new_entry_that_runs_out_of_descriptors_leaves_no_name() {
     let m = Mount::with(
         Options {
             opts: "refresh=0".into(),
@@ -1696,26 +1703,39 @@ fn a_create_that_runs_out_of_descriptors_leaves_no_name() {
     fs::create_dir(m.path("fresh")).unwrap();
     let d = m.diff("L1");
     fs::remove_file(d.join("etc/hostname")).unwrap();
+    let failed = |e: i32, what: &str| {
+        assert_eq!(e, libc::EMFILE, "{what} failed with {}", errname(e));
+    };
 
     let fresh = m.path("fresh/new");
-    let e = create_with_one_descriptor_left(pid, &fresh);
-    assert_eq!(e, libc::EMFILE, "the create failed with {}", errname(e));
+    failed(
+        make_with_one_descriptor_left(pid, &fresh, create_new, |p| fs::remove_file(p)),
+        "the create",
+    );
     assert!(
         !m.local.join("fresh/new").exists(),
         "the failed create left fresh/new in local"
     );
-    open_raw(&fresh, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644)
-        .expect("an exclusive create after the failed one");
+    create_new(&fresh).expect("an exclusive create after the failed one");
 
-    let e = create_with_one_descriptor_left(pid, &d.join("etc/hostname"));
-    assert_eq!(e, libc::EMFILE, "the create failed with {}", errname(e));
+    let hostname = d.join("etc/hostname");
+    failed(
+        make_with_one_descriptor_left(pid, &hostname, create_new, |p| fs::remove_file(p)),
+        "the create over a whiteout",
+    );
     assert_still_deleted(&m, "etc", "hostname", "after the failed create");
-    open_raw(
-        &d.join("etc/hostname"),
-        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
-        0o644,
-    )
-    .expect("an exclusive create over the whiteout after the failed one");
+    create_new(&hostname).expect("an exclusive create over the whiteout after the failed one");
+
+    let shared = d.join("etc/newdir");
+    failed(
+        make_with_one_descriptor_left(pid, &shared, |p| fs::create_dir(p), |p| fs::remove_dir(p)),
+        "the mkdir in a shared area",
+    );
+    assert!(
+        !m.local_diff("L1").join("etc/newdir").exists(),
+        "the failed mkdir left etc/newdir in local"
+    );
+    fs::create_dir(&shared).expect("a mkdir after the failed one");
 }
 
 // ---- A million creates and deletes ----------------------------------------------------------

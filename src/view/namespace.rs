@@ -10,7 +10,7 @@
 //! and renamed; the old name gets a whiteout in the same `renameat2(RENAME_WHITEOUT)` where
 //! the filesystem has it.
 
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
@@ -67,7 +67,7 @@ impl View {
     ) -> Result<(Entry, OwnedFd), Errno> {
         let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC;
         let oflags = OFlag::from_bits_truncate(flags & keep) | OFlag::O_CREAT | OFlag::O_EXCL;
-        let (c, pin, fd) = self.place_new(parent, name, Kind::File, false, |dir, at| {
+        self.place_new(parent, name, Kind::File, false, |dir, at| {
             let fd = creds::run_as(caller.acting(), || {
                 store::open_at(dir, at, oflags, mode & 0o7777)
             })?;
@@ -78,9 +78,7 @@ impl View {
                     Err(e)
                 }
             }
-        })?;
-        let entry = self.enter_local(parent, name, &c, pin)?;
-        Ok((entry, fd))
+        })
     }
 
     pub fn mkdir(
@@ -108,7 +106,7 @@ impl View {
         caller: Caller,
     ) -> Result<Entry, Errno> {
         let below = self.exists_below(parent, name, &view_name(name)?)?;
-        let (c, pin, ()) = self.place_new(parent, name, Kind::Dir, false, |dir, at| {
+        let (entry, ()) = self.place_new(parent, name, Kind::Dir, false, |dir, at| {
             creds::run_as(caller.acting(), || {
                 nix::sys::stat::mkdirat(dir, at, Mode::from_bits_truncate(mode & 0o7777))
             })?;
@@ -125,7 +123,7 @@ impl View {
             }
             made
         })?;
-        self.enter_local(parent, name, &c, pin)
+        Ok(entry)
     }
 
     pub fn mknod(
@@ -160,7 +158,7 @@ impl View {
         // A 0/0 device where a whiteout would hide something is marked as a real device
         // before it takes its name, so that it is never, even for a moment, a whiteout.
         let device = kind == SFlag::S_IFCHR && rdev == 0 && parent.zone.has_below();
-        let (c, pin, ()) =
+        let (entry, ()) =
             self.place_new(parent, name, Kind::from_mode(mode), device, |dir, at| {
                 creds::run_as(caller.acting(), || {
                     nix::sys::stat::mknodat(
@@ -184,7 +182,7 @@ impl View {
                 }
                 made
             })?;
-        self.enter_local(parent, name, &c, pin)
+        Ok(entry)
     }
 
     pub fn symlink(
@@ -211,7 +209,7 @@ impl View {
         target: &OsStr,
         caller: Caller,
     ) -> Result<Entry, Errno> {
-        let (c, pin, ()) = self.place_new(parent, name, Kind::Symlink, false, |dir, at| {
+        let (entry, ()) = self.place_new(parent, name, Kind::Symlink, false, |dir, at| {
             creds::run_as(caller.acting(), || nix::unistd::symlinkat(target, dir, at))?;
             if creds::acts_as_caller() {
                 return Ok(());
@@ -230,7 +228,7 @@ impl View {
             }
             owned
         })?;
-        self.enter_local(parent, name, &c, pin)
+        Ok(entry)
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &OsStr) -> Result<Entry, Errno> {
@@ -268,10 +266,10 @@ impl View {
         new_name: &OsStr,
     ) -> Result<Entry, Errno> {
         // By the object itself: its names may have changed since the kernel looked it up.
-        let (c, pin, ()) = self.place_new(parent, new_name, node.kind, false, |dir, at| {
+        let (entry, ()) = self.place_new(parent, new_name, node.kind, false, |dir, at| {
             nix::unistd::linkat(object.as_fd(), c"", dir, at, AtFlags::AT_EMPTY_PATH)
         })?;
-        self.enter_local(parent, new_name, &c, pin)
+        Ok(entry)
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<(), Errno> {
@@ -555,13 +553,12 @@ impl View {
     /// object under the name it is given, in the local directory it is given, and removes
     /// it again if it fails half-way. Where a whiteout holds the name (or `via_temp` asks
     /// for it), the object is made under a temporary name and then takes its place in one
-    /// rename (see [`names`]). Returns the name, an `O_PATH` handle on the new object and
-    /// what `make` made.
+    /// rename (see [`names`]). Returns the entry handed to the kernel and what `make` made.
     ///
-    /// The handle is opened before the object takes its name: once it has the name, the
-    /// caller only states and records it, which takes no descriptor, so running out of
-    /// descriptors (or any other failure) never leaves a name behind that the caller was
-    /// told was not made.
+    /// A call that fails leaves no new name behind, since the caller is told nothing was
+    /// made: the object is pinned before it takes its name, and if it cannot be entered
+    /// after (the remote directory it would merge with cannot be opened), its name goes
+    /// again and a whiteout it replaced comes back.
     fn place_new<T>(
         &self,
         parent: &Arc<Node>,
@@ -569,7 +566,7 @@ impl View {
         kind: Kind,
         via_temp: bool,
         make: impl FnOnce(BorrowedFd<'_>, &CStr) -> Result<T, Errno>,
-    ) -> Result<(CString, OwnedFd, T), Errno> {
+    ) -> Result<(Entry, T), Errno> {
         if marker::is_reserved_name(name.as_bytes()) {
             return Err(Errno::EPERM);
         }
@@ -581,54 +578,60 @@ impl View {
         }
         let dir = self.ensure_local_dir(parent)?;
         let dir = dir.as_fd();
+        let is_dir = kind == Kind::Dir;
         let made_pinned = |at: &CStr| {
             let made = make(dir, at)?;
             match store::open_path_at(dir, at) {
                 Ok(pin) => Ok((pin, made)),
                 Err(e) => {
-                    let _ = names::remove_any(dir, at, kind == Kind::Dir);
+                    let _ = names::remove_any(dir, at, is_dir);
                     Err(e)
                 }
             }
         };
         let whiteout = names::is_whiteout(parent.zone, dir, &c);
-        if !whiteout && !via_temp {
-            let (pin, made) = made_pinned(&c)?;
-            return Ok((c, pin, made));
-        }
-        let temp = temp_name();
-        let (pin, made) = made_pinned(&temp)?;
-        let placed = if whiteout {
-            names::replace_whiteout(dir, &temp, &c, kind == Kind::Dir)
+        let (pin, made) = if !whiteout && !via_temp {
+            made_pinned(&c)?
         } else {
-            nix::fcntl::renameat2(
-                dir,
-                temp.as_c_str(),
-                dir,
-                c.as_c_str(),
-                RenameFlags::RENAME_NOREPLACE,
-            )
+            let temp = temp_name();
+            let (pin, made) = made_pinned(&temp)?;
+            let placed = if whiteout {
+                names::replace_whiteout(dir, &temp, &c, is_dir)
+            } else {
+                nix::fcntl::renameat2(
+                    dir,
+                    temp.as_c_str(),
+                    dir,
+                    c.as_c_str(),
+                    RenameFlags::RENAME_NOREPLACE,
+                )
+            };
+            if let Err(e) = placed {
+                let _ = names::remove_any(dir, &temp, is_dir);
+                return Err(e);
+            }
+            if whiteout {
+                self.charge_inodes(parent, -1);
+            }
+            (pin, made)
         };
-        if let Err(e) = placed {
-            let _ = names::remove_any(dir, &temp, kind == Kind::Dir);
-            return Err(e);
+        let entered = store::stat_fd(pin.as_fd())
+            .and_then(|st| self.materialize(parent, name, &c, Found::Local { fd: Some(pin), st }));
+        let Err(e) = entered else {
+            return entered.map(|entry| (entry, made));
+        };
+        let undone = match whiteout {
+            true => names::whiteout_over(dir, &c, is_dir).map(drop),
+            false => names::remove_any(dir, &c, is_dir),
+        };
+        match undone {
+            Ok(()) if whiteout => self.charge_inodes(parent, 1),
+            Ok(()) => {}
+            Err(undo) => {
+                tracing::warn!(name = ?name, error = %undo, "a new entry that failed stays in local")
+            }
         }
-        if whiteout {
-            self.charge_inodes(parent, -1);
-        }
-        Ok((c, pin, made))
-    }
-
-    /// Hands the kernel the node of an entry just made in local, pinned by `pin`.
-    fn enter_local(
-        &self,
-        parent: &Arc<Node>,
-        name: &OsStr,
-        c: &CStr,
-        pin: OwnedFd,
-    ) -> Result<Entry, Errno> {
-        let st = store::stat_fd(pin.as_fd())?;
-        self.materialize(parent, name, c, Found::Local { fd: Some(pin), st })
+        Err(e)
     }
 
     /// The group a new entry gets: the directory's when it is set-group-ID (as the kernel
