@@ -80,12 +80,12 @@ impl Ledger {
             let changes = self.quotas.lock_changes();
             if let Some(root) = self.own_root(&**dir) {
                 drop(changes);
-                let old = root.limit();
+                let old = std::cell::Cell::new(limit);
                 self.save_change(
-                    || root.set_limit(limit),
+                    || old.set(root.set_limit(limit)),
                     || {
                         if root.limit() == limit {
-                            root.set_limit(old);
+                            root.set_limit(old.get());
                         }
                     },
                 )?;
@@ -112,6 +112,9 @@ impl Ledger {
                 Default::default(),
                 self.quotas.errno(),
             ));
+            // Listed once its usage is counted and saved: a registry another change saves
+            // meanwhile must not carry a root this call may still withdraw.
+            root.set_listed(false);
             self.quotas.insert(root.clone());
             root
         };
@@ -131,7 +134,7 @@ impl Ledger {
         root.charge(usage.bytes as i64);
         root.charge_inodes(usage.inodes as i64);
         self.save_change(
-            || {},
+            || root.set_listed(true),
             || {
                 self.quotas.remove(st.st_dev, st.st_ino);
             },
@@ -150,7 +153,7 @@ impl Ledger {
         };
         // Enforced until the registry without it is on disk: writes meanwhile are
         // counted, so a root that stays (the save failed) keeps an exact usage.
-        self.save_change(|| root.set_leaving(true), || root.set_leaving(false))?;
+        self.save_change(|| root.set_listed(false), || root.set_listed(true))?;
         {
             let _changes = self.quotas.lock_changes();
             self.quotas.remove(root.dev, root.ino);
@@ -234,7 +237,7 @@ fn registry_of(quotas: &Quotas) -> Registry {
         roots: quotas
             .list()
             .iter()
-            .filter(|r| !r.is_leaving())
+            .filter(|r| r.is_listed())
             .map(|r| {
                 let (limit, usage) = (r.limit(), r.usage());
                 persist::Entry {

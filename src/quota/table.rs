@@ -51,9 +51,10 @@ pub struct QuotaRoot {
     inodes: AtomicU64,
     reserved_inodes: AtomicU64,
     errno: Errno,
-    /// Being cleared: still enforced, but left out of the registry (see
-    /// `Ledger::clear_root`).
-    leaving: AtomicBool,
+    /// Whether the registry lists it: not while it is being set (until its usage is
+    /// counted and saved) or cleared (until the registry without it is saved). It is
+    /// enforced either way; see `Ledger::save_change`.
+    listed: AtomicBool,
 }
 
 impl QuotaRoot {
@@ -76,16 +77,16 @@ impl QuotaRoot {
             inodes: AtomicU64::new(usage.inodes),
             reserved_inodes: AtomicU64::new(0),
             errno,
-            leaving: AtomicBool::new(false),
+            listed: AtomicBool::new(true),
         }
     }
 
-    pub fn is_leaving(&self) -> bool {
-        self.leaving.load(Ordering::Relaxed)
+    pub fn is_listed(&self) -> bool {
+        self.listed.load(Ordering::Relaxed)
     }
 
-    pub fn set_leaving(&self, leaving: bool) {
-        self.leaving.store(leaving, Ordering::Relaxed);
+    pub fn set_listed(&self, listed: bool) {
+        self.listed.store(listed, Ordering::Relaxed);
     }
 
     pub fn path(&self) -> PathBuf {
@@ -104,10 +105,13 @@ impl QuotaRoot {
         }
     }
 
-    pub fn set_limit(&self, limit: Limit) {
+    /// Sets the limit; returns the one it replaces.
+    pub fn set_limit(&self, limit: Limit) -> Limit {
+        let old = self.limit();
         self.limit.store(limit.bytes, Ordering::Relaxed);
         self.inode_limit
             .store(limit.inodes.unwrap_or(UNLIMITED), Ordering::Relaxed);
+        old
     }
 
     pub fn usage(&self) -> Usage {
