@@ -30,6 +30,10 @@ pub fn remove(path: &Path) -> io::Result<()> {
         Err(e) => return Err(e.into()),
         Ok(fd) => fd,
     };
+    let above = open_dir(&top, c"..")?;
+    if mount_id(&top)? != mount_id(&above)? {
+        return Err(mounted_on(path.as_os_str().as_encoded_bytes()));
+    }
     empty(top)?;
     gone_is_fine(fs::remove_dir(path))
 }
@@ -64,6 +68,7 @@ impl Id {
 /// (the directory the walk is in, the one it steps to, and a listing), whatever the depth.
 fn empty(top: OwnedFd) -> io::Result<()> {
     let id = Id::of(&top)?;
+    let mount = mount_id(&top)?;
     let mut levels = vec![Level {
         name: None,
         id,
@@ -72,7 +77,7 @@ fn empty(top: OwnedFd) -> io::Result<()> {
     let mut cur = top;
     while let Some(level) = levels.last_mut() {
         if let Some(name) = level.subdirs.pop() {
-            if let Some(child) = descend(&cur, &name, id.dev)? {
+            if let Some(child) = descend(&cur, &name, mount)? {
                 levels.push(Level {
                     id: Id::of(&child)?,
                     subdirs: clear(&child)?,
@@ -143,7 +148,7 @@ fn list(dir: &OwnedFd) -> nix::Result<Vec<(CString, Option<Type>)>> {
 
 /// Opens the subdirectory `name` of `dir` to empty it; none when it is gone, or was
 /// replaced by something else that is removed here instead.
-fn descend(dir: &OwnedFd, name: &CStr, dev: u64) -> io::Result<Option<OwnedFd>> {
+fn descend(dir: &OwnedFd, name: &CStr, mount: u64) -> io::Result<Option<OwnedFd>> {
     let child = match open_dir(dir, name) {
         Ok(child) => child,
         Err(Errno::ENOENT) => return Ok(None),
@@ -157,17 +162,41 @@ fn descend(dir: &OwnedFd, name: &CStr, dev: u64) -> io::Result<Option<OwnedFd>> 
         Err(e) => return Err(named(name, e)),
     };
     // What is mounted in the tree belongs to someone else: it stays, and so, by failing
-    // here, does the directory it is mounted on.
-    if Id::of(&child)?.dev != dev {
-        return Err(io::Error::new(
-            io::ErrorKind::ResourceBusy,
-            format!(
-                "{}: another filesystem is mounted there",
-                name.to_string_lossy()
-            ),
-        ));
+    // here, does the directory it is mounted on. By mount, not device: a bind mount of
+    // the same filesystem has the same device.
+    if mount_id(&child)? != mount {
+        return Err(mounted_on(name.to_bytes()));
     }
     Ok(Some(child))
+}
+
+/// The mount `fd` is on.
+fn mount_id(fd: &OwnedFd) -> io::Result<u64> {
+    // SAFETY: statx writes only into `st`, which is large enough and lives past the call.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::statx(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_MNT_ID,
+            &mut st,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.stx_mnt_id)
+}
+
+fn mounted_on(name: &[u8]) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ResourceBusy,
+        format!(
+            "{}: another filesystem is mounted there",
+            String::from_utf8_lossy(name)
+        ),
+    )
 }
 
 /// The parent of `dir` (named `name` there), which must be the directory `expected` the
@@ -279,6 +308,63 @@ mod tests {
         .unwrap();
         let e = climb(&moved, c"moved", from).unwrap_err();
         assert!(e.to_string().contains("moved out of the tree"), "{e}");
+    }
+
+    /// A bind mount, unmounted when dropped (lazily, if it is busy).
+    struct Bind(std::path::PathBuf);
+
+    impl Bind {
+        fn mount(from: &Path, on: &Path) -> Bind {
+            let ok = std::process::Command::new("mount")
+                .arg("--bind")
+                .arg(from)
+                .arg(on)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "mount --bind {} {}", from.display(), on.display());
+            Bind(on.to_owned())
+        }
+    }
+
+    impl Drop for Bind {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+
+    /// A directory of the same filesystem bind-mounted in the tree, or on its top, is
+    /// someone else's: the walk fails before it removes anything of it.
+    #[test]
+    fn what_is_bind_mounted_in_the_tree_or_on_it_is_left_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let keep = tmp.path().join("keep");
+        fs::create_dir(&keep).unwrap();
+        fs::write(keep.join("f"), b"x").unwrap();
+        let top = tmp.path().join("top");
+        fs::create_dir_all(top.join("a/inside")).unwrap();
+        let inside = Bind::mount(&keep, &top.join("a/inside"));
+        let e = remove(&top).unwrap_err();
+        assert!(e.to_string().contains("mounted there"), "{e}");
+        assert!(
+            keep.join("f").exists(),
+            "the walk removed a bind mount's files"
+        );
+        drop(inside);
+
+        let on_top = tmp.path().join("on-top");
+        fs::create_dir(&on_top).unwrap();
+        let bind = Bind::mount(&keep, &on_top);
+        let e = remove(&on_top).unwrap_err();
+        assert!(e.to_string().contains("mounted there"), "{e}");
+        assert!(
+            keep.join("f").exists(),
+            "the walk emptied what is mounted on its top"
+        );
+        drop(bind);
     }
 
     /// The other walk may remove the directory this one has just stepped into.
