@@ -37,10 +37,26 @@ pub async fn attach(disk: &Path) -> Result<PathBuf> {
     }
 }
 
-/// Detaches every loop device attached to `disk`.
+/// Detaches every loop device attached to `disk`. A device still in use elsewhere (a mount
+/// in another namespace) is only marked to go when its last user closes it, and stays
+/// listed meanwhile: that is `FailedPrecondition`, for the caller to retry, rather than a
+/// detach asked for again and again.
 pub async fn detach_all(disk: &Path) -> Result<()> {
+    let mut detached: Vec<PathBuf> = Vec::new();
     while let Some(dev) = find_loop(disk).await? {
-        if let Err(e) = run("losetup", ["-d".as_ref(), dev.as_os_str()]).await {
+        if detached.contains(&dev) {
+            if leaves(disk, &dev).await? {
+                continue;
+            }
+            return Err(CsiError::FailedPrecondition(format!(
+                "{} still backs {}: it is in use, and goes when its last user closes it",
+                dev.display(),
+                disk.display()
+            )));
+        }
+        let result = run("losetup", ["-d".as_ref(), dev.as_os_str()]).await;
+        detached.push(dev.clone());
+        if let Err(e) = result {
             // A device whose detach already went through stays listed for a moment while
             // the kernel tears it down, and detaching it again fails (ENXIO). Only a device
             // that stays attached is an error.
@@ -219,5 +235,38 @@ mod tests {
         );
         assert!(p("DEVNAME=/dev/loop0\nPTUUID=x\nPTTYPE=dos\n").is_err());
         assert!(p("DEVNAME=/dev/loop0\nUUID=x\n").is_err());
+    }
+
+    /// A loop device someone else still has open is only marked to go: detaching it
+    /// again finds it listed again. That must end, as an error to retry, and the device
+    /// must go once its last user closes it. Needs root and loop devices.
+    #[tokio::test]
+    async fn a_busy_loop_device_is_an_error_not_an_endless_detach() {
+        use super::*;
+        let tmp = tempfile::tempdir().unwrap();
+        let disk = tmp.path().join("disk.img");
+        std::fs::File::create(&disk)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        let dev = attach(&disk).await.unwrap();
+        let user = std::fs::File::open(&dev).unwrap();
+        let detached =
+            tokio::time::timeout(std::time::Duration::from_secs(20), detach_all(&disk)).await;
+        drop(user);
+        let gone = leaves(&disk, &dev).await.unwrap();
+        if !gone {
+            let _ = run("losetup", ["-d".as_ref(), dev.as_os_str()]).await;
+        }
+        let detached = detached.expect("detaching a busy device never ended");
+        assert!(
+            matches!(detached, Err(CsiError::FailedPrecondition(_))),
+            "{detached:?}"
+        );
+        assert!(
+            gone,
+            "{} stays after its last user closed it",
+            dev.display()
+        );
     }
 }
