@@ -98,6 +98,17 @@ async fn usage(c: &mut Client, key: &str) -> UsageResponse {
     .into_inner()
 }
 
+/// The value of option `key` (`upperdir`, `lowerdir`) of the first of `mounts`.
+fn option(mounts: &[Mount], key: &str) -> String {
+    let prefix = format!("{key}=");
+    mounts[0]
+        .options
+        .iter()
+        .find_map(|o| o.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {key} in {mounts:?}"))
+        .to_owned()
+}
+
 fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> Code {
     r.unwrap_err().code()
 }
@@ -441,11 +452,7 @@ async fn shared_layers_are_adopted_through_the_remote_snapshot_protocol() {
     let m = prepare(&mut c, "k8s.io/5/ctr", &top, HashMap::new())
         .await
         .unwrap();
-    let lower = m[0]
-        .options
-        .iter()
-        .find_map(|o| o.strip_prefix("lowerdir="))
-        .unwrap();
+    let lower = option(&m, "lowerdir");
     let expect: Vec<String> = ids
         .iter()
         .rev()
@@ -522,12 +529,7 @@ async fn a_committed_chain_the_view_holds_drops_the_local_copy() {
     let m = prepare(&mut c, "default/4/extract-2 b", &base, HashMap::new())
         .await
         .unwrap();
-    let upper = m[0]
-        .options
-        .iter()
-        .find_map(|o| o.strip_prefix("upperdir="))
-        .unwrap()
-        .to_owned();
+    let upper = option(&m, "upperdir");
     fs::write(Path::new(&upper).join("other"), b"x").unwrap();
     let unknown = format!("default/5/sha256:{}", "0".repeat(64));
     commit(&mut c, &unknown, "default/4/extract-2 b")
@@ -576,12 +578,7 @@ async fn a_snapshot_over_a_parent_of_unknown_chain_is_never_a_shared_base_layer(
     )
     .await
     .unwrap();
-    let upper = m[0]
-        .options
-        .iter()
-        .find_map(|o| o.strip_prefix("upperdir="))
-        .unwrap()
-        .to_owned();
+    let upper = option(&m, "upperdir");
     fs::write(Path::new(&upper).join("mine"), b"x").unwrap();
     let named = format!("default/4/{}", chains[0]);
     commit(&mut c, &named, "default/3/extract-2 b")
@@ -595,11 +592,7 @@ async fn a_snapshot_over_a_parent_of_unknown_chain_is_never_a_shared_base_layer(
     let ctr = prepare(&mut c, "default/5/ctr", &named, HashMap::new())
         .await
         .unwrap();
-    let lower = ctr[0]
-        .options
-        .iter()
-        .find_map(|o| o.strip_prefix("lowerdir="))
-        .unwrap();
+    let lower = option(&ctr, "lowerdir");
     assert!(
         !lower.contains(&view.to_string_lossy().into_owned()),
         "a lower dir in the shared tree: {lower}"
@@ -695,13 +688,9 @@ async fn concurrent_clients_leave_a_consistent_table() {
                 let m = prepare(&mut c, &child, &name, HashMap::new())
                     .await
                     .unwrap();
-                let lower = m[0]
-                    .options
-                    .iter()
-                    .find_map(|o| o.strip_prefix("lowerdir="))
-                    .unwrap();
+                let lower = option(&m, "lowerdir");
                 assert_eq!(
-                    fs::read_to_string(Path::new(lower).join("f")).unwrap(),
+                    fs::read_to_string(Path::new(&lower).join("f")).unwrap(),
                     format!("{t}-{i}")
                 );
                 assert_eq!(code(remove(&mut c, &name).await), Code::FailedPrecondition);
