@@ -1489,30 +1489,17 @@ fn temps_under(root: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// A failing `blkid` (here: exit 8, ambiguous signatures) must not make NodePublish format a
-/// volume that holds a filesystem.
-#[tokio::test(flavor = "multi_thread")]
-async fn publish_never_formats_when_blkid_fails() {
-    let tools = tempfile::tempdir().unwrap();
-    let flag = tools.path().join("fail");
-    let real = String::from_utf8(
-        Command::new("sh")
-            .args(["-c", "command -v blkid"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let wrapper = tools.path().join("blkid");
-    fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\n[ -e '{}' ] && {{ echo 'ambiguous signatures' >&2; exit 8; }}\nexec {} \"$@\"\n",
-            flag.display(),
-            real.trim()
-        ),
-    )
-    .unwrap();
+/// A server whose `PATH` finds, under the name `tool`, the script `wrap` writes around the
+/// real tool (whose path it is given) first: the script is kept in `tools`.
+fn server_wrapping(tools: &Path, tool: &str, wrap: impl FnOnce(&str) -> String) -> Server {
+    let real = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .unwrap()
+        .stdout;
+    let real = String::from_utf8(real).unwrap();
+    let wrapper = tools.join(tool);
+    fs::write(&wrapper, wrap(real.trim())).unwrap();
     Command::new("chmod")
         .arg("+x")
         .arg(&wrapper)
@@ -1520,10 +1507,24 @@ async fn publish_never_formats_when_blkid_fails() {
         .unwrap();
     let path = format!(
         "{}:{}",
-        tools.path().display(),
+        tools.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let server = Server::start_env(&[], &[("PATH", path)]);
+    Server::start_env(&[], &[("PATH", path)])
+}
+
+/// A failing `blkid` (here: exit 8, ambiguous signatures) must not make NodePublish format a
+/// volume that holds a filesystem.
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_never_formats_when_blkid_fails() {
+    let tools = tempfile::tempdir().unwrap();
+    let flag = tools.path().join("fail");
+    let server = server_wrapping(tools.path(), "blkid", |real| {
+        format!(
+            "#!/bin/sh\n[ -e '{}' ] && {{ echo 'ambiguous signatures' >&2; exit 8; }}\nexec {real} \"$@\"\n",
+            flag.display(),
+        )
+    });
     let mut c = server.clients().await;
     let vol = c.volume(mount_volume_req("pvc-keep", 32 * MIB, None)).await;
     let target = server.path().join("targets/keep");
@@ -1559,17 +1560,7 @@ async fn a_slow_publish_holds_up_only_its_own_volume() {
     let armed = tools.path().join("armed");
     let held = tools.path().join("held");
     let release = tools.path().join("release");
-    let real = String::from_utf8(
-        Command::new("sh")
-            .args(["-c", "command -v e2fsck"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let wrapper = tools.path().join("e2fsck");
-    fs::write(
-        &wrapper,
+    let server = server_wrapping(tools.path(), "e2fsck", |real| {
         format!(
             "#!/bin/sh\n\
              if [ -e '{armed}' ] && mkdir '{held}' 2>/dev/null; then\n\
@@ -1579,21 +1570,8 @@ async fn a_slow_publish_holds_up_only_its_own_volume() {
             armed = armed.display(),
             held = held.display(),
             release = release.display(),
-            real = real.trim()
-        ),
-    )
-    .unwrap();
-    Command::new("chmod")
-        .arg("+x")
-        .arg(&wrapper)
-        .status()
-        .unwrap();
-    let path = format!(
-        "{}:{}",
-        tools.path().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let server = Server::start_env(&[], &[("PATH", path)]);
+        )
+    });
     let mut c = server.clients().await;
     let targets = server.path().join("targets");
     let a = c.volume(mount_volume_req("pvc-slow", 32 * MIB, None)).await;
