@@ -550,12 +550,13 @@ fn exposed_mount() -> (Mount, Options) {
 }
 
 /// Waits for the binds of an exposed mount (a foreground daemon shows its FUSE mount a
-/// moment before them).
+/// moment before them). A bind a killed daemon left is there too until the new mount
+/// replaces it, but dead: only a bind that answers is the new one.
 fn wait_for_binds(root: &Path) {
     for name in ["overlay", "overlay-layers", "overlay-images"] {
         let point = root.join(name);
-        eventually(30, &format!("a bind at {}", point.display()), || {
-            mounts_at(&point) == 1
+        eventually(30, &format!("a live bind at {}", point.display()), || {
+            mounts_at(&point) == 1 && fs::read_dir(&point).is_ok()
         });
     }
 }
