@@ -363,6 +363,24 @@ impl Clients {
             .map(|_| ())
     }
 
+    async fn expand(
+        &mut self,
+        volume: &str,
+        bytes: i64,
+    ) -> Result<ControllerExpandVolumeResponse, tonic::Status> {
+        self.ctl
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: volume.into(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
     async fn publish_block(&mut self, volume: &str, target: &Path) {
         self.publish(volume, target, block_cap())
             .await
@@ -1161,19 +1179,7 @@ async fn volume_errors_and_idempotency() {
     assert!(ok.confirmed.is_some());
 
     // Expansion grows, never shrinks.
-    let grown = c
-        .ctl
-        .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: a.volume_id.clone(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 30 * MIB,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let grown = c.expand(&a.volume_id, 30 * MIB).await.unwrap();
     assert_eq!(grown.capacity_bytes, 30 * MIB);
     let volumes = c
         .ctl
@@ -1218,18 +1224,7 @@ async fn capacity_beyond_the_store_is_out_of_range() {
 
     let vol = c.volume(volume_req("pvc-grow", 4 * MIB, None)).await;
     for &(_, bytes) in &cases {
-        let err = c
-            .ctl
-            .controller_expand_volume(ControllerExpandVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                capacity_range: Some(CapacityRange {
-                    required_bytes: bytes,
-                    limit_bytes: 0,
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap_err();
+        let err = c.expand(&vol.volume_id, bytes).await.unwrap_err();
         assert_eq!(err.code(), Code::OutOfRange, "expand to {bytes}: {err:?}");
     }
     c.delete_volume(&vol.volume_id).await;
@@ -1583,17 +1578,7 @@ async fn a_slow_publish_holds_up_only_its_own_volume() {
     let (a_first, a_second) = (targets.join("a1"), targets.join("a2"));
     c.publish_mount(&a.volume_id, &a_first).await;
     c.unpublish(&a.volume_id, &a_first).await;
-    c.ctl
-        .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: a.volume_id.clone(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 64 * MIB,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    c.expand(&a.volume_id, 64 * MIB).await.unwrap();
 
     fs::write(&armed, b"").unwrap();
     let publish_a = |target: PathBuf| {
