@@ -1966,6 +1966,37 @@ fn a_directory_rename_does_not_wait_for_the_registry_to_reach_the_disk() {
     assert_eq!(get(&m, "overlay/c2").limit, 10 * MIB);
 }
 
+/// Two clears of one root, the second made while the first saves the registry (writes
+/// throttled so that the save takes seconds): one clears it, the other finds no root.
+/// Both reported success.
+#[test]
+fn a_root_cleared_twice_at_once_is_cleared_once() {
+    let mut ext4 = LocalFs::default();
+    let m = mount_with(Options::default(), |remote| {
+        ext4.ext4(&local_beside(remote), 64)
+    });
+    root(&m, "c1", "10M", &[]);
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    let throttled = ThrottledWrites::of(m.daemon_pid().unwrap(), &m.local, 256);
+    let mnt = m.mnt.clone();
+    let clearer = std::thread::spawn(move || {
+        Command::new(BIN)
+            .args(["quota", "clear"])
+            .arg(&mnt)
+            .arg("overlay/c1")
+            .output()
+            .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let second = xattr_remove(&m.path("overlay/c1"), XATTR);
+    let first = clearer.join().unwrap();
+    drop(throttled);
+    assert!(first.status.success(), "{first:?}");
+    assert_errno("the second clear", second, libc::ENODATA);
+    assert!(list(&m).is_empty(), "{:?}", list(&m));
+}
+
 // ---- Regressions ---------------------------------------------------------------------------
 
 /// Whether files opened for writing outside a root get FUSE passthrough on this mount: then

@@ -23,6 +23,10 @@ pub struct Ledger {
     /// The number of the newest snapshot of the registry on disk; held while one is
     /// written (see [`roots::Snapshot`]).
     pub(super) written: Mutex<u64>,
+    /// Held by each setting or clearing of a root from start to end, so that one sees a
+    /// root as the last left it: two clears at once would both succeed, and a limit
+    /// changed on a root another call is still setting (or clearing) could be lost.
+    pub(super) settling: Mutex<()>,
 }
 
 impl Ledger {
@@ -34,6 +38,7 @@ impl Ledger {
             local,
             block: block_size(local_st),
             written: Mutex::new(0),
+            settling: Mutex::new(()),
         }
     }
 

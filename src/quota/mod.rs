@@ -31,8 +31,10 @@
 //! updating alone. Snapshots are written to local under a lock of their own
 //! (`Ledger::written`), never under the change lock: a write waits for the disk, and
 //! every directory rename takes the change lock while any root exists. Setting and
-//! clearing a root take `written` before the change lock, and hold it until their change
-//! is saved (or taken back, when it cannot be). The table of roots
+//! clearing a root run one at a time (`Ledger::settling`, taken first and held to the
+//! end, the usage scan of a new root included: no request but another setting or clearing
+//! waits for it); they take `written` before the change lock, and hold it until their
+//! change is saved (or taken back, when it cannot be). The table of roots
 //! and each root's path are leaves; limits, usage and reservations are atomics. A file's
 //! measuring lock ([`Object::measuring`]) is taken before its state, never while the change
 //! lock is held.

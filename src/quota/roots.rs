@@ -74,6 +74,7 @@ impl Ledger {
         if !dir.is_dir() {
             return Err(sys(Errno::ENOTDIR));
         }
+        let _settling = self.settling.lock();
         let local = local().map_err(sys)?;
         let st = store::stat_fd(local.as_fd()).map_err(sys)?;
         let root = {
@@ -146,6 +147,7 @@ impl Ledger {
     /// See [`super::Accounting::clear`].
     pub(super) fn clear_root<O: Object>(&self, dir: &O) -> Result<QuotaInfo, QuotaError> {
         let path = dir.path().unwrap_or_default().display().to_string();
+        let _settling = self.settling.lock();
         let root = {
             let _changes = self.quotas.lock_changes();
             self.own_root(dir)
