@@ -22,11 +22,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream
 /// What a client sends first on an HTTP/2 connection (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
-/// The frame size every peer must accept (RFC 9113 §4.2); h2's default limit.
-const MAX_FRAME: usize = 16_384;
-/// A client's frames are at most what the server allows, which h2 keeps at 16 KiB unless
-/// told otherwise; more than 16 MiB (the protocol's ceiling) is garbage.
-const MAX_PAYLOAD: usize = (1 << 24) - 1;
+/// The largest frame the server accepts: the size every peer must accept (RFC 9113 §4.2),
+/// which the server announces (`server::serve`). A client's larger frame is a connection
+/// error (§4.2), so the shim refuses it on its header rather than buffer its payload.
+pub const MAX_FRAME: usize = 16_384;
 /// A header block larger than this is refused (h2 refuses far smaller ones itself).
 const MAX_HEADER_BLOCK: usize = 1 << 20;
 /// What a decoded header list may add up to, counted as RFC 7541 §4.1 counts table entries.
@@ -122,8 +121,8 @@ where
         }
         let len =
             usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
-        if len > MAX_PAYLOAD {
-            return Err(ShimError::Frame("frame too large"));
+        if len > MAX_FRAME {
+            return Err(ShimError::Frame("frame larger than the server allows"));
         }
         payload.resize(len, 0);
         from.read_exact(&mut payload).await?;
@@ -656,6 +655,22 @@ mod tests {
         let mut server = Vec::new();
         let result = rewrite(&mut &client[..], &mut server).await;
         assert!(matches!(result, Err(ShimError::Hpack(_))), "{result:?}");
+        assert_eq!(server, PREFACE);
+    }
+
+    /// A frame larger than the server allows is refused on its header, before its payload is
+    /// waited for or buffered (a client could otherwise make every connection hold 16 MiB).
+    #[tokio::test]
+    async fn a_frame_over_the_size_the_server_allows_is_refused_unread() {
+        let mut client = PREFACE.to_vec();
+        let len = MAX_FRAME + 1;
+        client.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8]);
+        client.extend_from_slice(&[0x0, 0, 0, 0, 0, 1]);
+        // Only part of the payload ever arrives.
+        client.extend_from_slice(&[0u8; 100]);
+        let mut server = Vec::new();
+        let result = rewrite(&mut &client[..], &mut server).await;
+        assert!(matches!(result, Err(ShimError::Frame(_))), "{result:?}");
         assert_eq!(server, PREFACE);
     }
 }

@@ -72,6 +72,8 @@ pub async fn serve(config: Config) -> Result<()> {
         tracing::info!("stopping");
     };
     let result = tonic::transport::Server::builder()
+        // What the shim lets through, so that both refuse the same frames.
+        .max_frame_size(authority::MAX_FRAME as u32)
         .add_service(IdentityServer::new(IdentityService(driver.clone())))
         .add_service(ControllerServer::new(ControllerService(driver.clone())))
         .add_service(NodeServer::new(NodeService(driver)))
