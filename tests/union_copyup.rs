@@ -403,3 +403,57 @@ fn read_write_copy_up_without_passthrough() {
         ..Default::default()
     });
 }
+
+/// A remote file opened for writing is copied up while another request removes its name,
+/// or renames a file over it. The copy took its name after the removal (or the rename) and
+/// found it taken: the open failed with `EEXIST`, which an open without `O_CREAT` never
+/// returns, and an unlink that met the copy half-way failed the same way.
+#[test]
+fn a_name_removed_or_replaced_during_its_copy_up_leaves_both_calls_whole() {
+    const FILES: usize = 6;
+    const SIZE: usize = 24 << 20;
+    let m = Mount::with(Options::default(), |remote| {
+        let dir = l1_remote(remote).join("big");
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..FILES {
+            fs::write(dir.join(format!("f{i}")), pattern(SIZE, i as u64)).unwrap();
+        }
+    });
+    let dir = m.diff("L1").join("big");
+    for i in 0..FILES {
+        let name = dir.join(format!("f{i}"));
+        let replace = i % 2 == 1;
+        let other = dir.join(format!("other{i}"));
+        if replace {
+            fs::write(&other, b"the new content").unwrap();
+        }
+        fs::metadata(&name).unwrap();
+        let opener = {
+            let name = name.clone();
+            std::thread::spawn(move || fs::OpenOptions::new().write(true).open(&name).map(drop))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let change = if replace {
+            fs::rename(&other, &name)
+        } else {
+            fs::remove_file(&name)
+        };
+        let opened = opener.join().unwrap();
+        let what = if replace { "renamed over" } else { "removed" };
+        change.unwrap_or_else(|e| panic!("f{i} {what} during its copy-up: {e}"));
+        if let Err(e) = opened {
+            assert_eq!(
+                e.raw_os_error(),
+                Some(libc::ENOENT),
+                "open of f{i} while it was {what}: {e}"
+            );
+        }
+        if replace {
+            assert_eq!(fs::read(&name).unwrap(), b"the new content");
+        } else {
+            assert!(fs::symlink_metadata(&name).is_err(), "f{i} is still there");
+            assert!(!names(&dir).contains(&format!("f{i}")));
+        }
+    }
+    assert_no_temp_names(&m.local);
+}

@@ -3,9 +3,13 @@
 //! A file is copied into an unnamed `O_TMPFILE` in its local directory (or, where the
 //! filesystem has none, a hidden temporary name), with its data, mode, owner, xattrs and
 //! times, synced, and only then linked under its name: a crash at any point leaves either
-//! no local copy or a complete one, never a truncated file. Directories are created on the
-//! way down with the remote directory's attributes; the parent's times are restored after
-//! each copy-up so that copying up does not show as a change of the directory.
+//! no local copy or a complete one, never a truncated file. Directories are made on the way
+//! down the same way: under a temporary name, given the remote directory's attributes, then
+//! moved into place. The parent's times are restored after each copy-up so that copying up
+//! does not show as a change of the directory.
+//!
+//! A node's copy-up runs under its copy-up lock, which removing or replacing its name also
+//! takes: those wait for a copy-up under way rather than meet it half done.
 //!
 //! The node keeps its number: the local copy's identity is bound to it.
 
@@ -75,6 +79,7 @@ impl View {
         parent_fd: &OwnedFd,
         room: Room,
     ) -> Result<Arc<OwnedFd>, Errno> {
+        let _one_at_a_time = node.copy_lock();
         if let Some(fd) = node.state().local.clone() {
             return Ok(fd);
         }
@@ -89,21 +94,29 @@ impl View {
             Room::Never => None,
         };
 
-        // Created closed (0700, root) and opened up once its attributes are right.
-        let fd = match nix::sys::stat::mkdirat(
+        // Made under a temporary name, closed (0700, root) until its attributes are right,
+        // and moved into place whole: no request finds it half made, and a copy-up that
+        // fails leaves nothing under its name.
+        let temp = temp_name();
+        nix::sys::stat::mkdirat(
             parent_fd.as_fd(),
-            c.as_c_str(),
+            temp.as_c_str(),
             Mode::from_bits_truncate(0o700),
-        ) {
-            Ok(()) => {
-                let fd = store::open_dir_at(parent_fd.as_fd(), &c)?;
-                if let Some(remote) = &remote {
-                    copy_xattrs(
-                        &store::proc_path(remote.as_fd()),
-                        &store::proc_path(fd.as_fd()),
-                    );
-                }
-                apply_owner_mode_times(fd.as_fd(), &template)?;
+        )?;
+        let made = store::open_dir_at(parent_fd.as_fd(), &temp).and_then(|fd| {
+            if let Some(remote) = &remote {
+                copy_xattrs(
+                    &store::proc_path(remote.as_fd()),
+                    &store::proc_path(fd.as_fd()),
+                );
+            }
+            apply_owner_mode_times(fd.as_fd(), &template)?;
+            let (dir, from, to) = (parent_fd.as_fd(), temp.as_c_str(), c.as_c_str());
+            nix::fcntl::renameat2(dir, from, dir, to, RenameFlags::RENAME_NOREPLACE)?;
+            Ok(fd)
+        });
+        let fd = match made {
+            Ok(fd) => {
                 restore_times(parent_fd.as_fd(), &parent_times);
                 if !under.is_none() {
                     let made = Charge::Entry {
@@ -116,9 +129,15 @@ impl View {
                 }
                 fd
             }
-            // Another request got there first.
-            Err(Errno::EEXIST) => store::open_dir_at(parent_fd.as_fd(), &c)?,
-            Err(e) => return Err(e),
+            Err(e) => {
+                let gone = nix::unistd::UnlinkatFlags::RemoveDir;
+                let _ = nix::unistd::unlinkat(parent_fd.as_fd(), temp.as_c_str(), gone);
+                match e {
+                    // Another request got there first.
+                    Errno::EEXIST => store::open_dir_at(parent_fd.as_fd(), &c)?,
+                    e => return Err(e),
+                }
+            }
         };
         let st = store::stat_fd(fd.as_fd())?;
         let fd = Arc::new(fd);

@@ -21,7 +21,9 @@
 //! requests on that same file wait on them. When more than one is held, they are taken in
 //! this order, never the other way round:
 //! 1. a node's copy-up lock ([`Node::copy_lock`]): one object's copy-up, which only the
-//!    requests that need that object copied up wait for;
+//!    requests that need that object copied up, removed or replaced wait for. A copy-up,
+//!    removal or rename holds one object's while it takes the directories' above it, one
+//!    at a time; a directory's copy-up takes no other, so no two wait on each other;
 //! 2. a file's measuring lock ([`Object::measuring`](crate::quota::Object::measuring) of
 //!    its node): one `fstat` of a local file to charge its quota root, which only other
 //!    charges of the same file wait for;

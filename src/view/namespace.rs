@@ -335,6 +335,12 @@ impl View {
         }
         self.make_movable(&src.node)?;
         let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+        // As for a removal: a copy-up of the replaced object under way would land on the
+        // name after the move. An exchanged one is copied up here, and has none under way.
+        let _copying = dst
+            .as_ref()
+            .filter(|_| !exchange)
+            .map(|d| d.node.copy_lock());
         if let Some(dst) = &dst {
             if exchange {
                 self.make_movable(&dst.node)?;
@@ -491,6 +497,8 @@ impl View {
     /// Removes a name: its local entry, replaced by a whiteout in the same step if
     /// something shows below, or just a whiteout over what is below.
     fn remove(&self, parent: &Arc<Node>, name: &OsStr, c: &CStr, node: &Node) -> Result<(), Errno> {
+        // A copy-up under way would put the object under its name after the removal.
+        let _copying = node.copy_lock();
         let below = self.exists_below(parent, name, c)?;
         let root = self.quota().under(parent);
         let fds = parent.dir_fds();
