@@ -457,3 +457,61 @@ fn a_name_removed_or_replaced_during_its_copy_up_leaves_both_calls_whole() {
     }
     assert_no_temp_names(&m.local);
 }
+
+/// A handle opened on a remote file before its copy-up reads the copy (as kernel overlayfs
+/// redirects it), and `copy_file_range` from it must copy what it reads: it copied the
+/// remote original. Without passthrough, where the daemon serves both.
+#[test]
+fn copy_file_range_from_a_handle_opened_before_the_copy_up_copies_the_copy() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let m = Mount::with(
+        Options {
+            opts: "nopassthrough".into(),
+            ..Default::default()
+        },
+        |_| {},
+    );
+    let lib = m.diff("L1").join("usr/lib/libfake.so");
+    let early = fs::File::open(&lib).unwrap();
+    let len = early.metadata().unwrap().len() as usize;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&lib)
+        .unwrap()
+        .write_all_at(b"PATCHED!", 0)
+        .unwrap();
+    let mut read = vec![0u8; len];
+    early.read_exact_at(&mut read, 0).unwrap();
+    assert_eq!(&read[..8], b"PATCHED!", "a read through the early handle");
+
+    let out = fs::File::create(m.diff("L1").join("usr/lib/copied.so")).unwrap();
+    let (mut off_in, mut off_out) = (0i64, 0i64);
+    let mut copied = 0;
+    while copied < len {
+        let n = unsafe {
+            libc::copy_file_range(
+                early.as_raw_fd(),
+                &mut off_in,
+                out.as_raw_fd(),
+                &mut off_out,
+                len - copied,
+                0,
+            )
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
+        copied += n as usize;
+    }
+    drop(out);
+    let copied = fs::read(m.diff("L1").join("usr/lib/copied.so")).unwrap();
+    assert!(
+        copied == read,
+        "the copy begins {:?}, the handle reads {:?}",
+        &copied[..8],
+        &read[..8]
+    );
+}

@@ -295,11 +295,14 @@ impl Core {
         let (Some(src), Some(dst)) = (src.as_file(), dst.as_file()) else {
             return reply.error(errno(Errno::EBADF));
         };
+        // What a read of `src` would read.
+        let copy = tri!(reply, self.copy_of(src));
+        let src_fd = copy.as_deref().unwrap_or(&src.fd);
         let n = tri!(
             reply,
             self.view.copy_range_at(
                 &dst.node,
-                (src.fd.as_fd(), offset_in),
+                (src_fd.as_fd(), offset_in),
                 (dst.fd.as_fd(), offset_out),
                 len,
                 caller(req),
