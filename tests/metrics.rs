@@ -308,3 +308,30 @@ fn requests_are_counted_by_opcode() {
     assert!(value(&after, "layerfs_passthrough_backing_files").is_some());
     drop(held);
 }
+
+/// A created file's name stays in the kernel's cache for the entry timeout, whatever its
+/// attributes do. A file created for writing with passthrough has its attributes kept a
+/// moment only (its writes bypass the daemon), and the create reply gave its name the same
+/// moment: removing the files soon after cost a LOOKUP each.
+#[test]
+fn a_created_name_is_cached_for_the_entry_timeout() {
+    let m = metrics_mount();
+    let addr = address(&m);
+    let dir = m.path("created-names");
+    fs::create_dir(&dir).unwrap();
+    let n = 40;
+    for i in 0..n {
+        fs::write(dir.join(format!("f{i}")), b"data").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let lookup = r#"layerfs_requests_total{op="lookup"}"#;
+    let before = value(&scrape(addr), lookup).unwrap_or(0.0);
+    for i in 0..n {
+        fs::remove_file(dir.join(format!("f{i}"))).unwrap();
+    }
+    let looked_up = value(&scrape(addr), lookup).unwrap_or(0.0) - before;
+    assert!(
+        looked_up < 4.0,
+        "{looked_up} lookups to remove {n} new files"
+    );
+}

@@ -227,16 +227,20 @@ impl Core {
         });
         let (fh, grant) = self.opened(&entry.node, fd, layer, writes, true, granted);
         let fopen = open_flags(&grant);
-        let attr = file_attr(&entry.stat);
-        let ttl = self.attr_ttl(&entry.node);
-        match &grant {
-            Grant::Passthrough(id) | Grant::Direct(id) => {
-                reply.created_passthrough(&ttl, &attr, Generation(0), FileHandle(fh), fopen, id)
-            }
-            Grant::Cached | Grant::Uncached => {
-                reply.created(&ttl, &attr, Generation(0), FileHandle(fh), fopen)
-            }
-        }
+        let backing = match &grant {
+            Grant::Passthrough(id) | Grant::Direct(id) => Some(&**id),
+            Grant::Cached | Grant::Uncached => None,
+        };
+        // The name is cached as any looked-up name is, however briefly the attributes are.
+        reply.created_with_ttls(
+            &self.attr_ttl(&entry.node),
+            &self.timeouts.entry,
+            &file_attr(&entry.stat),
+            Generation(0),
+            FileHandle(fh),
+            fopen,
+            backing,
+        );
     }
 
     pub(super) fn fallocate(

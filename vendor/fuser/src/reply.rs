@@ -524,6 +524,7 @@ impl ReplyCreate {
         assert!(!flags.contains(FopenFlags::FOPEN_PASSTHROUGH));
         self.reply.send_ll(&ll::ResponseStruct::new_create(
             ttl,
+            ttl,
             &attr.into(),
             generation,
             fh,
@@ -577,11 +578,41 @@ impl ReplyCreate {
     ) {
         self.reply.send_ll(&ll::ResponseStruct::new_create(
             ttl,
+            ttl,
             &attr.into(),
             generation,
             fh,
             flags | FopenFlags::FOPEN_PASSTHROUGH,
             backing_id.backing_id,
+        ));
+    }
+
+    /// [`ReplyCreate::created`], or [`ReplyCreate::created_passthrough`] given a backing id,
+    /// with a time-to-live for the entry apart from the attributes' (as
+    /// [`ReplyEntry::entry_with_ttls`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn created_with_ttls(
+        self,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: ll::FileHandle,
+        flags: FopenFlags,
+        backing: Option<&BackingId>,
+    ) {
+        let (flags, backing_id) = match backing {
+            Some(id) => (flags | FopenFlags::FOPEN_PASSTHROUGH, id.backing_id),
+            None => (flags - FopenFlags::FOPEN_PASSTHROUGH, 0),
+        };
+        self.reply.send_ll(&ll::ResponseStruct::new_create(
+            attr_ttl,
+            entry_ttl,
+            &attr.into(),
+            generation,
+            fh,
+            flags,
+            backing_id,
         ));
     }
 }
