@@ -7,6 +7,8 @@
 
 use std::hash::{DefaultHasher, Hasher};
 
+pub use super::scan::TarSplitFault;
+
 /// Which part of an object a stamp describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Part {
@@ -22,6 +24,9 @@ pub enum Part {
     LayerJson,
     /// `<driver>-layers/RO/<id>/<id>.tar-split.gz`
     TarSplit,
+    /// The same file, found unusable for this reason: the layer is not ready, and the same
+    /// stream is not decoded again while its stamp stays.
+    BadTarSplit(TarSplitFault),
     /// `<driver>-images/<id>/`
     ImageDir,
     /// `<driver>-images/<id>/images.json`

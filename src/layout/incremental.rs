@@ -786,7 +786,7 @@ fn file_name(part: Part, id: &str) -> Option<String> {
         Part::Link => "link".to_owned(),
         Part::Lower => "lower".to_owned(),
         Part::LayerJson => "layer.json".to_owned(),
-        Part::TarSplit => format!("{id}.tar-split.gz"),
+        Part::TarSplit | Part::BadTarSplit(_) => format!("{id}.tar-split.gz"),
         Part::ImagesJson => "images.json".to_owned(),
         Part::Manifest => "manifest".to_owned(),
         Part::Config => isulad::config_file_name(id),

@@ -317,8 +317,12 @@ pub(crate) fn join<'a>(id: &str, sides: Sides<'a, '_>) -> Probed<Candidate<'a>> 
     }
 }
 
-/// The overlay dir must stack a lower chain exactly when the metadata names a parent.
+/// The metadata's files must be usable, and the overlay dir must stack a lower chain exactly
+/// when the metadata names a parent.
 fn agree<'a>(overlay: &'a OverlayFacts, meta: &'a LayerFacts) -> Probed<Candidate<'a>> {
+    if let Some(broken) = &meta.broken {
+        return Err(broken.clone());
+    }
     match (&meta.parent, &overlay.lower) {
         (Some(parent), None) => Err(format!(
             "lower: missing although layer.json names parent {parent}"

@@ -62,6 +62,9 @@ pub(crate) struct OverlayFacts {
 pub(crate) struct LayerFacts {
     pub parent: Option<String>,
     pub fingerprint: Fingerprint,
+    /// Why the layer cannot be ready as its files stand, where the fingerprint records the
+    /// file at fault (see [`Part::BadTarSplit`]).
+    pub broken: Option<String>,
 }
 
 /// What `<driver>-images/<id>/` says about an image.
@@ -249,19 +252,27 @@ pub(crate) fn probe_layer(
         }
         p => p.map(str::to_owned),
     };
+    let mut broken = None;
     if json.has_diff_digest() {
-        let known = prev.and_then(|f| f.get(Part::TarSplit));
-        let tar_split_st = check_tar_split(dir, &format!("{id}.tar-split.gz"), known)
-            .map_err(|e| format!("tar-split.gz: {e}"))?;
-        fingerprint.push(Part::TarSplit, tar_split_st);
+        match check_tar_split(dir, &format!("{id}.tar-split.gz"), prev) {
+            Ok(stamp) => fingerprint.push(Part::TarSplit, stamp),
+            // Recorded with its stamp rather than failing the probe, which would make every
+            // scan decode it again.
+            Err(TarSplitError::Unusable(stamp, fault)) => {
+                fingerprint.push(Part::BadTarSplit(fault), stamp);
+                broken = Some(format!("tar-split.gz: {fault}"));
+            }
+            Err(e) => return Err(format!("tar-split.gz: {e}")),
+        }
     }
     Ok(LayerFacts {
         parent,
         fingerprint,
+        broken,
     })
 }
 
-/// Why a tar-split file is unusable.
+/// Why a tar-split file cannot be checked.
 #[derive(Debug, thiserror::Error)]
 enum TarSplitError {
     #[error("missing although layer.json sets diff-digest")]
@@ -270,10 +281,17 @@ enum TarSplitError {
     Entry(EntryError),
     #[error("empty file")]
     Empty,
+    #[error("{1}")]
+    Unusable(Stamp, TarSplitFault),
+}
+
+/// Why a tar-split stream, read to its end, cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, thiserror::Error)]
+pub enum TarSplitFault {
     #[error("truncated gzip stream")]
     Truncated,
-    #[error("not a valid gzip stream ({0})")]
-    Corrupt(io::Error),
+    #[error("not a valid gzip stream")]
+    Corrupt,
     #[error("decompresses to more than {} MiB", TAR_SPLIT_DECODED_CAP >> 20)]
     TooLarge,
 }
@@ -281,13 +299,14 @@ enum TarSplitError {
 /// iSulad writes the tar-split in place, not atomically, so a writer caught mid-way leaves a
 /// truncated stream that only decoding to the end reveals.
 ///
-/// `known` is the stamp of a stream found complete by an earlier scan: a file with the same
-/// inode, size, mtime and ctime is the same complete stream, and is not decoded again (the
-/// tar-split of a big layer takes far longer to decode than every other check together).
+/// `prev` is the fingerprint of an earlier scan: a file with the inode, size, mtime and ctime
+/// it records is the same stream, found complete or unusable then, and is not decoded again
+/// (the tar-split of a big layer takes far longer to decode than every other check
+/// together, and a broken one would be decoded every scan).
 fn check_tar_split(
     dir: &DirHandle,
     name: &str,
-    known: Option<&Stamp>,
+    prev: Option<&Fingerprint>,
 ) -> Result<Stamp, TarSplitError> {
     let (file, st) = dir.open_file(name).map_err(|e| match e {
         EntryError::Missing => TarSplitError::Missing,
@@ -297,16 +316,25 @@ fn check_tar_split(
         return Err(TarSplitError::Empty);
     }
     let stamp = nofollow::stamp(&st, None);
-    if known == Some(&stamp) {
-        return Ok(stamp);
+    let seen = prev
+        .into_iter()
+        .flat_map(|f| f.parts())
+        .find(|(part, was)| {
+            matches!(part, Part::TarSplit | Part::BadTarSplit(_)) && **was == stamp
+        });
+    match seen {
+        Some((Part::BadTarSplit(fault), _)) => return Err(TarSplitError::Unusable(stamp, fault)),
+        Some(_) => return Ok(stamp),
+        None => {}
     }
     let mut decoded = MultiGzDecoder::new(file).take(TAR_SPLIT_DECODED_CAP + 1);
-    match io::copy(&mut decoded, &mut io::sink()) {
-        Ok(n) if n > TAR_SPLIT_DECODED_CAP => Err(TarSplitError::TooLarge),
-        Ok(_) => Ok(stamp),
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(TarSplitError::Truncated),
-        Err(e) => Err(TarSplitError::Corrupt(e)),
-    }
+    let fault = match io::copy(&mut decoded, &mut io::sink()) {
+        Ok(n) if n > TAR_SPLIT_DECODED_CAP => TarSplitFault::TooLarge,
+        Ok(_) => return Ok(stamp),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => TarSplitFault::Truncated,
+        Err(_) => TarSplitFault::Corrupt,
+    };
+    Err(TarSplitError::Unusable(stamp, fault))
 }
 
 /// Checks `<driver>-images/<id>/`: `images.json`, `manifest` and the config big-data file.

@@ -985,6 +985,28 @@ fn a_completed_tar_split_is_found_and_a_known_one_is_not_decoded_again() {
     assert_all_ready(&index);
 }
 
+/// A tar-split found unusable is kept in the layer's fingerprint: while it stays as it was,
+/// later scans (checking every file each time) do not probe the layer again. They decoded
+/// the stream every scan, up to 1 GiB of it for each such layer. Once it changes, it is
+/// judged again.
+#[test]
+fn an_unusable_tar_split_is_not_decoded_again_until_it_changes() {
+    let tree = Tree::standard();
+    let path = tree.path(&tar_split(TOP));
+    let full = fs::read(&path).unwrap();
+    fs::write(&path, &full[..full.len() - 4]).unwrap();
+    let mut s = scanner(&tree);
+    s.full_check_every = 1;
+    let index = s.scan().unwrap();
+    assert!(reason(&index, ObjectKind::Layer, &id(TOP)).contains("truncated"));
+    let index = s.scan().unwrap();
+    assert!(reason(&index, ObjectKind::Layer, &id(TOP)).contains("truncated"));
+    assert_eq!(s.stats().probed, 0, "{:?}", s.stats());
+    assert_same_index(&index, &tree.scan(), "still truncated");
+    fs::write(&path, &full).unwrap();
+    assert_all_ready(&s.scan().unwrap());
+}
+
 #[test]
 fn a_vanished_root_fails_the_scan_instead_of_emptying_it() {
     let tree = Tree::standard();
