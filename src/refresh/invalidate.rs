@@ -16,9 +16,10 @@
 //! kernel, asking again, gets a new node rather than its cached target.
 //!
 //! Notifications go through the FUSE device and may wait for the kernel's locks on the
-//! directory, which a request in progress may hold: they are sent only from the refresh
-//! thread, never from a thread serving requests (that would deadlock). A notification about
-//! something the kernel does not cache fails with `ENOENT`, which is success here.
+//! directory, which a request in progress may hold: they are sent by a thread of their own
+//! (see [`super::courier`]), never from a thread serving requests (that would deadlock). A
+//! notification about something the kernel does not cache fails with `ENOENT`, which is
+//! success here.
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
@@ -46,43 +47,29 @@ impl Kernel for fuser::Notifier {
     }
 }
 
-/// How many notifications a round sent.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Sent {
-    pub entries: usize,
-    pub inodes: usize,
-    pub failed: usize,
+/// One notice for the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// `inval_entry`: the name `.1` in the directory `.0`.
+    Entry(u64, OsString),
+    /// `inval_inode`: the attributes and cached data of an inode.
+    Inode(u64),
 }
 
-/// Sends the invalidations for `diff`. Call after the new index is in place.
-pub fn apply(view: &View, diff: &Diff, kernel: &dyn Kernel) -> Sent {
-    let mut sent = Sent::default();
-    let mut result = |r: io::Result<()>, what: &str, ino: u64| match r {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => {
-            sent.failed += 1;
-            tracing::debug!(error = %e, ino, what, "kernel cache invalidation failed");
-        }
-    };
-
+/// The notices for `diff`, in the order to send them. Call after the new index is in place:
+/// synthesized symlinks that changed lose their numbers here.
+pub fn apply(view: &View, diff: &Diff) -> Vec<Notice> {
     for (zone, name) in &diff.relinked {
         for parent in view.layout_dir_inos(zone.zone()) {
             view.unbind_virtual(parent, OsStr::new(name));
         }
     }
 
-    let mut entries = 0;
-    let mut inodes = 0;
+    let mut notices = Vec::new();
     let mut dirs_changed: HashSet<u64> = HashSet::new();
     for (zone, name) in &diff.names {
         for parent in view.layout_dir_inos(zone.zone()) {
-            result(
-                kernel.inval_entry(parent, OsStr::new(name)),
-                "entry",
-                parent,
-            );
-            entries += 1;
+            notices.push(Notice::Entry(parent, OsString::from(name)));
             dirs_changed.insert(parent);
         }
     }
@@ -120,26 +107,18 @@ pub fn apply(view: &View, diff: &Diff, kernel: &dyn Kernel) -> Sent {
         }
         for (dir, zone, id) in &object_dirs {
             for file in metadata_files(*zone, id) {
-                result(kernel.inval_entry(*dir, OsStr::new(&file)), "entry", *dir);
-                entries += 1;
+                notices.push(Notice::Entry(*dir, OsString::from(file)));
             }
-            result(kernel.inval_inode(*dir), "inode", *dir);
-            inodes += 1;
+            notices.push(Notice::Inode(*dir));
         }
         let dirs: HashSet<u64> = object_dirs.iter().map(|(ino, _, _)| *ino).collect();
         for child in view.live_children(&dirs) {
-            result(kernel.inval_inode(child.ino), "inode", child.ino);
-            inodes += 1;
+            notices.push(Notice::Inode(child.ino));
         }
     }
 
-    for dir in dirs_changed {
-        result(kernel.inval_inode(dir), "inode", dir);
-        inodes += 1;
-    }
-    sent.entries = entries;
-    sent.inodes = inodes;
-    sent
+    notices.extend(dirs_changed.into_iter().map(Notice::Inode));
+    notices
 }
 
 /// The metadata files of an object directory in a layout area: the ones whose change makes

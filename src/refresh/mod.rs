@@ -45,7 +45,9 @@
 //! opens the new tree ([`View::replace_remote`]).
 //!
 //! The refresher thread and the control socket never wait on the remote longer than
-//! `scan_timeout`. Requests never wait on it unless they need remote data: those run on the
+//! `scan_timeout`: not for a scan, nor for the kernel to take a round's invalidations, which
+//! wait for any lookup stuck on the remote in the same directory ([`courier`]). Requests
+//! never wait on it unless they need remote data: those run on the
 //! remote pool (see `fs::remote`), and everything else (the root, the layout directories,
 //! which are listed from the index, container directories) never touches the remote.
 //!
@@ -56,6 +58,7 @@
 //! once more when it becomes ready or goes away: not once per round.
 
 pub mod anchor;
+mod courier;
 pub mod diff;
 pub mod invalidate;
 pub mod watch;
@@ -76,8 +79,9 @@ use crate::layout::{LayoutIndex, Scanner};
 use crate::report::{ImageInfo, Kind, LayerInfo, NotReadyRef, RemoteHealth, RoundReport, Status};
 use crate::view::View;
 use anchor::{Anchor, Probed};
+use courier::Courier;
 use diff::Diff;
-use invalidate::Kernel;
+use invalidate::{Kernel, Notice};
 
 /// How long inotify events are collected before they trigger one round: a pull writes many
 /// files in a burst.
@@ -258,9 +262,9 @@ impl RefreshHandle {
         if self.tx.send(Request::Round(Some(tx))).is_err() {
             return self.failed_report("the refresh thread is not running".into());
         }
-        // A round in progress finishes first, and each waits at most the scan timeout;
-        // invalidation is quick unless the kernel is itself stuck on the remote.
-        let wait = self.options.scan_timeout * 2 + Duration::from_secs(10);
+        // A round in progress finishes first, and each waits at most the scan timeout for
+        // its scan and as long again for its invalidations.
+        let wait = self.options.scan_timeout * 4 + Duration::from_secs(10);
         match rx.recv_timeout(wait) {
             Ok(report) => report,
             Err(_) => self.failed_report(format!(
@@ -323,7 +327,8 @@ struct Scanned {
 pub struct Refresher {
     view: Arc<View>,
     slot: Option<Slot>,
-    kernel: Option<Box<dyn Kernel>>,
+    /// Sends what rounds tell the kernel, once started.
+    kernel: Option<Courier>,
     state: Arc<Mutex<State>>,
     rx: Receiver<Request>,
     handle: Arc<RefreshHandle>,
@@ -331,8 +336,9 @@ pub struct Refresher {
     remote: PathBuf,
     /// Not-ready objects and their reasons as last logged.
     reasons: BTreeMap<(Kind, String), String>,
-    /// Whether the empty index stands in for a failed remote (`hide_unhealthy`).
-    hidden: bool,
+    /// While the empty index stands in for a failed remote (`hide_unhealthy`): the index it
+    /// hides, which a remote coming back empty is judged against.
+    hidden: Option<Arc<LayoutIndex>>,
     /// What the remote was in the last accepted round.
     anchor: Option<Anchor>,
     /// Told of every round.
@@ -384,7 +390,7 @@ impl Refresher {
             options,
             remote,
             reasons: BTreeMap::new(),
-            hidden: false,
+            hidden: None,
             anchor: None,
             metrics: None,
             accept_empty,
@@ -405,7 +411,7 @@ impl Refresher {
 
     /// Starts the refresher thread. From now on rounds tell `kernel` what they change.
     pub fn start(mut self, kernel: Box<dyn Kernel>) -> std::io::Result<JoinHandle<()>> {
-        self.kernel = Some(kernel);
+        self.kernel = Some(Courier::start(kernel)?);
         if self.options.inotify && !self.options.interval.is_zero() {
             let driver = self.handle.info.driver.clone();
             self.watcher = watch::Watcher::start(&self.remote, &driver, &self.handle);
@@ -481,7 +487,7 @@ impl Refresher {
             Ok(Some(index)) => {
                 self.force = false;
                 self.set_health(true, None);
-                let old = if self.hidden {
+                let old = if self.hidden.is_some() {
                     Arc::new(LayoutIndex::default())
                 } else {
                     self.view.index()
@@ -493,7 +499,7 @@ impl Refresher {
                 self.log_not_ready(&index);
                 self.view.swap_index(index);
                 let swapped = clock.elapsed();
-                self.hidden = false;
+                self.hidden = None;
                 self.invalidate(&diff);
                 if let Some(w) = &mut self.watcher {
                     w.update(&self.view.index());
@@ -511,11 +517,12 @@ impl Refresher {
                 self.force = true;
                 self.set_health(false, Some(error.clone()));
                 let mut diff = Diff::default();
-                if self.options.hide_unhealthy && !self.hidden {
+                if self.options.hide_unhealthy && self.hidden.is_none() {
                     let empty = LayoutIndex::default();
-                    diff = Diff::between(&self.view.index(), &empty);
+                    let shown = self.view.index();
+                    diff = Diff::between(&shown, &empty);
                     self.view.swap_index(empty);
-                    self.hidden = true;
+                    self.hidden = Some(shown);
                     self.invalidate(&diff);
                 }
                 (diff, Some(error))
@@ -564,7 +571,7 @@ impl Refresher {
     }
 
     /// Decides what a scan that came back means for the view. A remote that is empty where
-    /// the view has objects is taken for a share that went away (its empty mount directory
+    /// the view has objects (or had them, before it was hidden) is taken for a share that went away (its empty mount directory
     /// left behind), not for one emptied on purpose, unless the operator said so: it fails
     /// the round, so the last good view stays. A remote whose root or areas are other
     /// directories than in the last accepted round was replaced: the view re-opens it and
@@ -573,9 +580,9 @@ impl Refresher {
         let Scanned { index, probed } = scanned;
         let accept_empty = self.accept_empty.swap(false, AtomicOrdering::Relaxed);
         if let Some(index) = &index {
-            let had = self.view.index();
+            let had = self.hidden.clone().unwrap_or_else(|| self.view.index());
             let (layers, images) = (had.layers().count(), had.images().count());
-            if is_empty(index) && layers + images > 0 && !self.hidden && !accept_empty {
+            if is_empty(index) && layers + images > 0 && !accept_empty {
                 self.force = true;
                 return Err(format!(
                     "remote vanished: {} holds no layers or images where {layers} layers and \
@@ -614,34 +621,34 @@ impl Refresher {
     /// Tells the kernel to drop the names `names` (parent, name) and what it cached of the
     /// layout directories holding them.
     fn drop_names(&self, names: &[(u64, std::ffi::OsString)]) {
-        let Some(kernel) = &self.kernel else {
-            return;
-        };
-        let mut parents = std::collections::HashSet::new();
-        for (parent, name) in names {
-            let _ = kernel.inval_entry(*parent, name);
-            parents.insert(*parent);
-        }
-        for parent in parents {
-            let _ = kernel.inval_inode(parent);
-        }
-        debug!(
-            names = names.len(),
-            "names below the replaced remote dropped"
-        );
+        let parents: std::collections::BTreeSet<u64> = names.iter().map(|(p, _)| *p).collect();
+        let notices = names
+            .iter()
+            .map(|(parent, name)| Notice::Entry(*parent, name.clone()))
+            .chain(parents.into_iter().map(Notice::Inode))
+            .collect();
+        self.tell_kernel(notices, "names below the replaced remote dropped");
     }
 
     fn invalidate(&self, diff: &Diff) {
-        if let Some(kernel) = &self.kernel {
-            let sent = invalidate::apply(&self.view, diff, kernel.as_ref());
-            if sent.entries + sent.inodes > 0 {
-                debug!(
-                    entries = sent.entries,
-                    inodes = sent.inodes,
-                    failed = sent.failed,
-                    "kernel caches invalidated"
-                );
-            }
+        let notices = invalidate::apply(&self.view, diff);
+        self.tell_kernel(notices, "kernel caches invalidated");
+    }
+
+    /// Sends `notices`, waiting for them at most the scan timeout: past it, a request stuck
+    /// on the remote holds a directory they need, and they are sent once it returns.
+    fn tell_kernel(&self, notices: Vec<Notice>, what: &str) {
+        let Some(courier) = &self.kernel else {
+            return;
+        };
+        let count = notices.len();
+        match courier.deliver(notices, self.options.scan_timeout) {
+            Some(0) if count == 0 => {}
+            Some(failed) => debug!(notices = count, failed, "{what}"),
+            None => warn!(
+                notices = count,
+                "kernel cache invalidations are waiting for a directory a request stuck on                  the remote holds; refresh rounds go on, and they are sent once it returns"
+            ),
         }
     }
 

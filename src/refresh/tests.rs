@@ -11,6 +11,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use parking_lot::Mutex;
 
+use super::courier::Courier;
 use super::diff::{Diff, ZoneKey};
 use super::invalidate::Kernel;
 use super::*;
@@ -214,6 +215,33 @@ fn hide_unhealthy_empties_the_view_until_the_remote_is_back() {
     assert_eq!(f.view.index().images().count(), 1);
 }
 
+/// With the view hidden after a failed round, a remote that comes back empty is compared
+/// with what the view showed before it was hidden: a share gone away, not an emptied
+/// remote. It was compared with the hidden (empty) view, taken as healthy, and the view
+/// stayed empty for good; without `hide_unhealthy` the same remote fails the round.
+#[test]
+fn a_remote_back_empty_after_the_view_was_hidden_is_still_a_vanished_remote() {
+    let f = fixture();
+    let mut r = refresher(&f, options(true));
+    r.round();
+    let away = f.remote.with_file_name("away");
+    fs::rename(&f.remote, &away).unwrap();
+    assert!(r.round().error.is_some());
+    fs::create_dir(&f.remote).unwrap();
+    let empty = r.round();
+    assert!(
+        empty.error.as_deref().unwrap_or("").contains("vanished"),
+        "{:?}",
+        empty.error
+    );
+    assert!(!r.handle().status().remote_health.healthy);
+    fs::remove_dir(&f.remote).unwrap();
+    fs::rename(&away, &f.remote).unwrap();
+    let back = r.round();
+    assert_eq!(back.error, None);
+    assert_eq!(f.view.index().images().count(), 1);
+}
+
 /// A source that hangs until released, like a scan on a stalled NFS mount.
 struct Hanging {
     release: crossbeam_channel::Receiver<()>,
@@ -283,7 +311,7 @@ fn invalidation_names_exactly_what_changed() {
     let f = fixture();
     let mut r = refresher(&f, options(false));
     let recorder = Recorder::default();
-    r.kernel = Some(Box::new(recorder.clone()));
+    r.kernel = Some(Courier::start(Box::new(recorder.clone())).unwrap());
     r.round();
     // The kernel knows the layout directories once they are looked up.
     let images = f
@@ -324,6 +352,70 @@ fn invalidation_names_exactly_what_changed() {
     assert!(calls.contains(&format!("inode {}", json.node.ino)));
     assert!(calls.contains(&format!("inode {}", image_dir.node.ino)));
     assert!(!calls.iter().any(|c| c.contains(&id(2))));
+}
+
+/// A kernel whose `inval_entry` in one directory does not return until released: the way
+/// it waits while a lookup stuck on the remote holds that directory.
+struct StuckOn {
+    dir: u64,
+    until: crossbeam_channel::Receiver<()>,
+    then: Recorder,
+}
+
+impl Kernel for StuckOn {
+    fn inval_entry(&self, parent: u64, name: &OsStr) -> std::io::Result<()> {
+        if parent == self.dir {
+            let _ = self.until.recv();
+        }
+        self.then.inval_entry(parent, name)
+    }
+    fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
+        self.then.inval_inode(ino)
+    }
+}
+
+/// A round's invalidation that waits for a directory held by a lookup stuck on the remote
+/// does not hold the refresher up: rounds finish within the scan timeout, and the notices
+/// reach the kernel once the directory is free. The round waited for the stuck directory
+/// for as long as it stayed stuck (here 5 s, released by a timer).
+#[test]
+fn rounds_go_on_while_an_invalidation_waits_for_a_stuck_directory() {
+    let f = fixture();
+    let mut r = refresher(&f, options(false));
+    r.round();
+    let driver = f.view.lookup(ROOT_INO, OsStr::new("overlay")).unwrap();
+    let (release, until) = crossbeam_channel::bounded::<()>(0);
+    let recorder = Recorder::default();
+    let stuck = StuckOn {
+        dir: driver.node.ino,
+        until,
+        then: recorder.clone(),
+    };
+    r.kernel = Some(Courier::start(Box::new(stuck)).unwrap());
+    let timer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(5));
+        drop(release);
+    });
+
+    for n in [2, 3] {
+        base_layer(&f.remote, n);
+        let started = Instant::now();
+        let report = r.round();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "round {n} took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(report.error, None);
+        assert!(f.view.index().layer(&id(n)).is_some());
+    }
+    timer.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let wanted = [2, 3].map(|n| format!("entry {} {}", driver.node.ino, id(n)));
+    while !wanted.iter().all(|w| recorder.calls.lock().contains(w)) {
+        assert!(Instant::now() < deadline, "{:?}", recorder.calls.lock());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
