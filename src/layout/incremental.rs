@@ -612,7 +612,8 @@ fn refresh_objects<T: HasFingerprint>(
         let due = slice.due(entry.slot);
         if !look_at_all && !due {
             let trusted = entry.seen.as_ref().is_some_and(|seen| {
-                seen.probed.is_ok() && settled(&seen.stamp, seen.read_at, slice.margin)
+                seen.probed.as_ref().is_ok_and(|facts| !facts.faulty())
+                    && settled(&seen.stamp, seen.read_at, slice.margin)
             });
             if trusted {
                 tally.stats.reused += 1;
@@ -647,10 +648,14 @@ fn refresh_objects<T: HasFingerprint>(
         }
         let stamp = stamp_of(&st);
         let reusable = entry.seen.as_ref().is_some_and(|seen| {
-            seen.probed.is_ok()
-                && seen.stamp == stamp
+            let Ok(facts) = &seen.probed else {
+                return false;
+            };
+            // A file found faulty may be mended in place, which the directory's stamp does
+            // not show: its files are looked at every scan.
+            seen.stamp == stamp
                 && settled(&seen.stamp, seen.read_at, slice.margin)
-                && (!due || files_unchanged(&dir, name, seen))
+                && ((!due && !facts.faulty()) || files_unchanged(&dir, name, seen))
         });
         if reusable {
             tally.stats.reused += 1;
@@ -796,6 +801,11 @@ fn file_name(part: Part, id: &str) -> Option<String> {
 /// The per-object facts of every area carry the fingerprint of what they read.
 pub(crate) trait HasFingerprint {
     fn fingerprint(&self) -> &Fingerprint;
+
+    /// Whether the facts record a file at fault (see [`scan::LayerFacts::broken`]).
+    fn faulty(&self) -> bool {
+        false
+    }
 }
 
 impl HasFingerprint for scan::OverlayFacts {
@@ -807,6 +817,10 @@ impl HasFingerprint for scan::OverlayFacts {
 impl HasFingerprint for scan::LayerFacts {
     fn fingerprint(&self) -> &Fingerprint {
         &self.fingerprint
+    }
+
+    fn faulty(&self) -> bool {
+        self.broken.is_some()
     }
 }
 
