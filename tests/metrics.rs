@@ -280,7 +280,17 @@ fn requests_are_counted_by_opcode() {
         assert!(fs::remove_dir(&full).is_err());
     }
     let held = fs::File::open(dir.join("new0")).unwrap();
-    let after = scrape(addr);
+    // A request is counted once replied to: the last ones may be counted a moment after
+    // the caller has moved on.
+    let mut after = scrape(addr);
+    let creates = r#"layerfs_requests_total{op="create"}"#;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while count(&after, creates) - count(&before, creates) < n as f64
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+        after = scrape(addr);
+    }
 
     for (series, at_least) in [
         (r#"layerfs_requests_total{op="lookup"}"#, n),
