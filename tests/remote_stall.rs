@@ -419,6 +419,70 @@ fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
     assert!(!status.success());
 }
 
+/// A local directory is held too by a request that waits on the remote elsewhere: `ln` of a
+/// remote file into it copies the file up from the frozen remote while the kernel holds
+/// the directory locked. With the names used longest ago in that directory, a walk over
+/// local files past the daemon's open-file limit must still get names dropped. Trimming
+/// sent those names itself, waited with them, and the walk met `EMFILE` for good.
+#[test]
+fn trimming_goes_on_while_a_local_directory_waits_on_the_remote() {
+    const NOFILE: u64 = 1024;
+    let mut s = Stack::with("", Some(NOFILE), |_| {});
+    let held = s.path("held");
+    fs::create_dir(&held).unwrap();
+    for i in 0..300 {
+        fs::write(held.join(format!("h{i}")), "local").unwrap();
+    }
+    for i in 0..300 {
+        fs::symlink_metadata(held.join(format!("h{i}"))).unwrap();
+    }
+    let remote_file = s.path(&format!("overlay/RO/{}/diff/etc/os-release", id("L1")));
+    fs::symlink_metadata(&remote_file).unwrap();
+    s.carrier.freeze();
+    let mut linking = Command::new("ln")
+        .arg(&remote_file)
+        .arg(held.join("linked"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(linking.try_wait().unwrap().is_none(), "the link answered");
+
+    let walk = s.path("walk");
+    let walked = common::live(120, "a local walk past the open-file limit", move || {
+        fs::create_dir(&walk).map_err(|e| format!("mkdir: {e}"))?;
+        for i in 0..3 * NOFILE {
+            let f = walk.join(format!("f{i}"));
+            // As in `trimming_goes_on_while_a_remote_lookup_is_stuck`: `EMFILE` may come for
+            // a moment, not for good.
+            let since = Instant::now();
+            let mut ran_out = false;
+            loop {
+                let e = match fs::write(&f, i.to_string()) {
+                    Ok(()) => break,
+                    Err(e) => e,
+                };
+                let passing = match e.raw_os_error() {
+                    Some(libc::EMFILE) => true,
+                    Some(libc::EEXIST) => ran_out,
+                    _ => false,
+                };
+                if !passing || since.elapsed() > Duration::from_secs(5) {
+                    return Err(format!("f{i}: {e}"));
+                }
+                ran_out = e.raw_os_error() == Some(libc::EMFILE);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok::<(), String>(())
+    });
+    s.carrier.thaw();
+    let linked = linking.wait().unwrap();
+    walked.unwrap();
+    assert!(linked.success());
+}
+
 /// Notices from request handlers must not wait on the remote either. Setting an access ACL
 /// sets the mode, and the file's names are expired then so that overlayfs stacked on the
 /// view sees that mode (see tests/stacking.rs); the kernel expires a name only with its

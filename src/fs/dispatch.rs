@@ -260,9 +260,14 @@ impl Filesystem for LayerFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let view = self.view_of();
+        let view = self.core.view();
         let wait = view.name_may_wait(parent.0, name) || view.name_may_wait(newparent.0, newname);
-        serve!(self, "rename", wait, core => core.rename(parent, name, newparent, newname, flags, reply), own { name, newname });
+        // The kernel holds both directories while the rename waits.
+        let held = wait.then(|| view.held_for(&[parent.0, newparent.0]));
+        serve!(self, "rename", wait, core => {
+            let _held = held;
+            core.rename(parent, name, newparent, newname, flags, reply)
+        }, own { name, newname });
     }
 
     fn link(
@@ -273,9 +278,14 @@ impl Filesystem for LayerFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let view = self.view_of();
+        let view = self.core.view();
         let wait = view.object_may_wait(ino.0) || view.name_may_wait(newparent.0, newname);
-        serve!(self, "link", wait, core => core.link(ino, newparent, newname, reply), own { newname });
+        // The kernel holds the new name's directory while the link copies the file up.
+        let held = wait.then(|| view.held_for(&[newparent.0]));
+        serve!(self, "link", wait, core => {
+            let _held = held;
+            core.link(ino, newparent, newname, reply)
+        }, own { newname });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

@@ -7,11 +7,12 @@
 //! the reply: no attribute cached before it can be used after the request.
 //!
 //! A lookup waiting on a stalled remote holds its directory (shared) for as long as the
-//! remote stalls, and a notice for a name there waits as long. Names in directories whose
-//! lookups may ask the remote (`View::dir_may_wait`) therefore have a queue and a thread of
-//! their own, which such a stall may hold up; the names in local directories go on being
-//! sent. The trimming of the kernel's cache hands its names near the remote to that queue
-//! too (see `fs::trim`).
+//! remote stalls, and a notice for a name there waits as long. So does a link or a rename
+//! that waits on the remote, for the local directories it holds. Names in directories
+//! whose requests may wait on the remote (`View::dir_may_wait`: those that ask it, and those
+//! held by such a request) therefore have a queue and a thread of their own, which such a
+//! stall may hold up; the names in other directories go on being sent. The trimming of the
+//! kernel's cache hands its names near the remote to that queue too (see `fs::trim`).
 //!
 //! Dropping a name also detaches whatever is mounted on or below it. Where only the
 //! attributes behind a name must be fetched again, the name is *expired* instead

@@ -151,6 +151,8 @@ pub struct View {
     /// The attributes the remote gives the layout directories (`<driver>/`, `RO/`, …), as
     /// last read by a refresh round: shown on the view's synthesized ones.
     layout_attrs: RwLock<std::collections::HashMap<Zone, Stat>>,
+    /// Directories held locked by requests waiting on the remote elsewhere.
+    held: route::HeldDirs,
 }
 
 impl View {
@@ -201,6 +203,7 @@ impl View {
             local_root,
             virtual_base,
             layout_attrs: Default::default(),
+            held: Default::default(),
         })
     }
 

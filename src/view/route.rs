@@ -4,9 +4,42 @@
 //! the index), container directories and anything else outside the shared objects, and
 //! objects of shared ones that live in local.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::{Layer, Node, View, Zone};
+
+/// Directories the kernel holds locked for a request that may wait on the remote though
+/// they do not themselves ask it: the directory a remote file is linked into (the link
+/// copies the file up), the local side of a rename to or from a shared directory. Names
+/// there wait as long as that request, as in a directory that asks the remote. Counts by
+/// directory number; a leaf lock.
+#[derive(Debug, Default)]
+pub struct HeldDirs(Mutex<HashMap<u64, usize>>);
+
+/// Keeps directories marked held ([`View::held_for`]) until dropped.
+#[must_use]
+pub struct Held {
+    view: Arc<View>,
+    dirs: Vec<u64>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut held = self.view.held.0.lock();
+        for dir in &self.dirs {
+            if let Some(n) = held.get_mut(dir) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(dir);
+                }
+            }
+        }
+    }
+}
 
 impl View {
     /// Whether resolving, creating or removing `name` in the directory `parent` may ask the
@@ -31,14 +64,29 @@ impl View {
     }
 
     /// Whether a request in the directory `dir` may wait on the remote while the kernel
-    /// holds the directory locked: a lookup of a name in it may ask the remote.
+    /// holds the directory locked: a lookup of a name in it may ask the remote, or a request
+    /// holding it waits on the remote elsewhere (see [`HeldDirs`]).
     pub fn dir_may_wait(&self, dir: u64) -> bool {
         let Some(node) = self.inodes.get(dir) else {
             return false;
         };
-        match node.zone {
+        let asks = match node.zone {
             Zone::Shared => names_remote(&node),
             zone => zone.lists_shared(),
+        };
+        asks || self.held.0.lock().contains_key(&dir)
+    }
+
+    /// Marks `dirs` as held by a request that may wait on the remote (see [`HeldDirs`]),
+    /// from before it is queued until the returned guard drops.
+    pub fn held_for(self: &Arc<Self>, dirs: &[u64]) -> Held {
+        let mut held = self.held.0.lock();
+        for dir in dirs {
+            *held.entry(*dir).or_default() += 1;
+        }
+        Held {
+            view: self.clone(),
+            dirs: dirs.to_vec(),
         }
     }
 
