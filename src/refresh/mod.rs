@@ -47,9 +47,9 @@
 //! The refresher thread and the control socket never wait on the remote longer than
 //! `scan_timeout`: not for a scan, nor for the kernel to take a round's invalidations, which
 //! wait for any lookup stuck on the remote in the same directory ([`courier`]). Requests
-//! never wait on it unless they need remote data: those run on the
-//! remote pool (see `fs::remote`), and everything else (the root, the layout directories,
-//! which are listed from the index, container directories) never touches the remote.
+//! never wait on it unless they need remote data: those run on the remote pool (see
+//! `fs::remote`), and everything else (the root, the layout directories, which are listed
+//! from the index, container directories) never touches the remote.
 //!
 //! # Not-ready objects
 //!
@@ -571,11 +571,12 @@ impl Refresher {
     }
 
     /// Decides what a scan that came back means for the view. A remote that is empty where
-    /// the view has objects (or had them, before it was hidden) is taken for a share that went away (its empty mount directory
-    /// left behind), not for one emptied on purpose, unless the operator said so: it fails
-    /// the round, so the last good view stays. A remote whose root or areas are other
-    /// directories than in the last accepted round was replaced: the view re-opens it and
-    /// the kernel drops every name it cached below the shared areas.
+    /// the view has objects (or had them, before it was hidden) is taken for a share that
+    /// went away (its empty mount directory left behind), not for one emptied on purpose,
+    /// unless the operator said so: it fails the round, so the last good view stays. A
+    /// remote whose root or areas are other directories than in the last accepted round was
+    /// replaced: the view re-opens it and the kernel drops every name it cached below the
+    /// shared areas.
     fn accept(&mut self, scanned: Scanned) -> Result<Option<LayoutIndex>, String> {
         let Scanned { index, probed } = scanned;
         let accept_empty = self.accept_empty.swap(false, AtomicOrdering::Relaxed);
@@ -647,7 +648,8 @@ impl Refresher {
             Some(failed) => debug!(notices = count, failed, "{what}"),
             None => warn!(
                 notices = count,
-                "kernel cache invalidations are waiting for a directory a request stuck on                  the remote holds; refresh rounds go on, and they are sent once it returns"
+                "kernel cache invalidations are waiting for a directory a request stuck on \
+                 the remote holds; refresh rounds go on, and they are sent once it returns"
             ),
         }
     }
