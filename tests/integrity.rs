@@ -1615,12 +1615,27 @@ fn a_failed_create_over_a_whiteout_leaves_the_name_deleted() {
 
 // ---- 12. A create that runs out of descriptors leaves no name --------------------------------
 
-/// The lowest descriptor number `pid` does not use: the one its next open gets.
-fn lowest_free_fd(pid: u32) -> u64 {
-    let used: std::collections::BTreeSet<u64> = fs::read_dir(format!("/proc/{pid}/fd"))
+/// The descriptor numbers `pid` uses.
+fn open_fds(pid: u32) -> std::collections::BTreeSet<u64> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+        .collect()
+}
+
+/// The lowest descriptor number `pid` does not use: the one its next open gets. Read once
+/// its descriptors stop changing (for up to 2 s): the kernel forgets what an earlier step
+/// made a little later, and the daemon then closes its descriptors.
+fn lowest_free_fd(pid: u32) -> u64 {
+    let mut used = open_fds(pid);
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = open_fds(pid);
+        if now == used {
+            break;
+        }
+        used = now;
+    }
     (0..).find(|n| !used.contains(n)).unwrap()
 }
 
