@@ -350,36 +350,14 @@ fn local_paths_answer_with_the_remote_frozen(opts: &str) {
     }
 }
 
-/// Dropping names from the kernel's cache must not wait on the remote. The kernel drops a
-/// name only with its directory locked, and a lookup stuck on the frozen remote holds that
-/// directory. With the names used longest ago in such a directory, a walk over local files
-/// past the daemon's open-file limit must still get its names dropped, and succeed.
-#[test]
-fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
-    const NOFILE: u64 = 1024;
-    // The names used longest ago: more remote ones than a round of trimming drops (the
-    // daemon trims past 40 % of its limit down to 25 %), all in one remote directory,
-    // yet fewer than start the trimming on their own.
-    let rel = format!("overlay/RO/{}/diff/many", id("L1"));
-    let mut s = Stack::with("", Some(NOFILE), |real| {
-        fs::create_dir(real.join(&rel)).unwrap();
-        for i in 0..300 {
-            fs::write(real.join(&rel).join(format!("r{i}")), "remote").unwrap();
-        }
-    });
-    let many = s.path(&rel);
-    let entries = names(&many);
-    assert_eq!(entries.len(), 300);
-    for name in &entries {
-        fs::symlink_metadata(many.join(name)).unwrap();
-    }
-    let mut stuck = s.freeze_with_a_lookup_stuck_in(&many);
-
-    let walk = s.path("walk");
-    let walked = common::live(120, "a local walk past the open-file limit", move || {
+/// Makes `3 * nofile` files in the new local directory `walk`, then stats them in each
+/// further round, on a thread of its own (for up to 120 s): past the daemon's open-file limit
+/// of `nofile`, which only trimming the kernel's cache keeps it under.
+fn walk_past_the_open_file_limit(walk: PathBuf, nofile: u64, rounds: usize) -> Result<(), String> {
+    common::live(120, "a local walk past the open-file limit", move || {
         fs::create_dir(&walk).map_err(|e| format!("mkdir: {e}"))?;
-        for round in 0..2 {
-            for i in 0..3 * NOFILE {
+        for round in 0..rounds {
+            for i in 0..3 * nofile {
                 let f = walk.join(format!("f{i}"));
                 // On a busy machine a walk may outrun trimming for a moment (the kernel
                 // forgets the names dropped a little later), as a CI run beside a build
@@ -410,8 +388,36 @@ fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
                 }
             }
         }
-        Ok::<(), String>(())
+        Ok(())
+    })
+}
+
+/// Dropping names from the kernel's cache must not wait on the remote. The kernel drops a
+/// name only with its directory locked, and a lookup stuck on the frozen remote holds that
+/// directory. With the names used longest ago in such a directory, a walk over local files
+/// past the daemon's open-file limit must still get its names dropped, and succeed.
+#[test]
+fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
+    const NOFILE: u64 = 1024;
+    // The names used longest ago: more remote ones than a round of trimming drops (the
+    // daemon trims past 40 % of its limit down to 25 %), all in one remote directory,
+    // yet fewer than start the trimming on their own.
+    let rel = format!("overlay/RO/{}/diff/many", id("L1"));
+    let mut s = Stack::with("", Some(NOFILE), |real| {
+        fs::create_dir(real.join(&rel)).unwrap();
+        for i in 0..300 {
+            fs::write(real.join(&rel).join(format!("r{i}")), "remote").unwrap();
+        }
     });
+    let many = s.path(&rel);
+    let entries = names(&many);
+    assert_eq!(entries.len(), 300);
+    for name in &entries {
+        fs::symlink_metadata(many.join(name)).unwrap();
+    }
+    let mut stuck = s.freeze_with_a_lookup_stuck_in(&many);
+
+    let walked = walk_past_the_open_file_limit(s.path("walk"), NOFILE, 2);
     s.carrier.thaw();
     let status = stuck.wait().unwrap();
     walked.unwrap();
@@ -449,34 +455,7 @@ fn trimming_goes_on_while_a_local_directory_waits_on_the_remote() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(linking.try_wait().unwrap().is_none(), "the link answered");
 
-    let walk = s.path("walk");
-    let walked = common::live(120, "a local walk past the open-file limit", move || {
-        fs::create_dir(&walk).map_err(|e| format!("mkdir: {e}"))?;
-        for i in 0..3 * NOFILE {
-            let f = walk.join(format!("f{i}"));
-            // As in `trimming_goes_on_while_a_remote_lookup_is_stuck`: `EMFILE` may come for
-            // a moment, not for good.
-            let since = Instant::now();
-            let mut ran_out = false;
-            loop {
-                let e = match fs::write(&f, i.to_string()) {
-                    Ok(()) => break,
-                    Err(e) => e,
-                };
-                let passing = match e.raw_os_error() {
-                    Some(libc::EMFILE) => true,
-                    Some(libc::EEXIST) => ran_out,
-                    _ => false,
-                };
-                if !passing || since.elapsed() > Duration::from_secs(5) {
-                    return Err(format!("f{i}: {e}"));
-                }
-                ran_out = e.raw_os_error() == Some(libc::EMFILE);
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        Ok::<(), String>(())
-    });
+    let walked = walk_past_the_open_file_limit(s.path("walk"), NOFILE, 1);
     s.carrier.thaw();
     let linked = linking.wait().unwrap();
     walked.unwrap();
