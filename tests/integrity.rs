@@ -2066,6 +2066,46 @@ fn reserved_blocks_are_kept_from_unprivileged_callers() {
     }
 }
 
+/// The kernel does a passthrough file's writes with the credentials its backing file was
+/// registered with, and all opens of a file share one. A file root holds open read-only,
+/// then written by nobody, was written with root's right to the reserve: about 60 of the
+/// 64 MiB went in. An open for writing with other rights than the registrar's writes through
+/// the daemon, as its caller.
+#[test]
+fn a_file_root_holds_open_takes_nobodys_writes_as_nobodys() {
+    let mut ext4 = LocalFs::default();
+    let m = Mount::with(Options::default(), |remote| {
+        ext4.ext4_with(&local_beside(remote), 64, &["-m", "50"])
+    });
+    let _w = Watchdog::of(&m, 120);
+    let dir = m.path("pub");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).unwrap();
+    let shared = dir.join("shared");
+    fs::write(&shared, b"").unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o666)).unwrap();
+    let held = fs::File::open(&shared).unwrap();
+    let script = format!(
+        "dd if=/dev/zero of='{}' bs=1M count=64 conv=notrunc,fsync 2>/dev/null; stat -c %s '{}'",
+        shared.display(),
+        shared.display()
+    );
+    let (_, out) = sh_as_nobody(&script);
+    let written: u64 = out
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("0")
+        .parse()
+        .unwrap_or(0);
+    drop(held);
+    assert!(
+        written < 40 * MIB,
+        "nobody wrote {written} bytes into a 64 MiB ext4 with half of it reserved"
+    );
+    assert!(written > 8 * MIB, "nobody wrote only {written} bytes");
+}
+
 // ---- A local filesystem without RENAME_WHITEOUT -----------------------------------------------
 
 /// Where local's filesystem has no `RENAME_WHITEOUT` (NFS, sshfs, FUSE filesystems; here a

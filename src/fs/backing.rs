@@ -18,6 +18,11 @@
 //! 1 MiB writes run at the speed of the passthrough ones this way. The kernel drops cached
 //! pages a direct write overwrites (we allow mmap on direct-I/O files, which turns that on),
 //! so other opens of the file stay coherent.
+//!
+//! The kernel does a backing file's I/O with the credentials it was registered with, and
+//! all opens of an inode share one: an open that may write, by a caller whose rights there
+//! differ from the registrar's ([`Rights`]), writes through the daemon as itself (direct
+//! I/O naming the backing file, as above), or it would write with the other's rights.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,10 +34,34 @@ use tracing::warn;
 use super::handles::IoMode;
 use crate::view::Layer;
 
+/// What a caller may do in local that another may not, as far as writes through a backing
+/// file go: root keeps `CAP_SYS_RESOURCE` (quotas, ext4's reserved blocks), which the daemon
+/// drops for everyone else (see `store::creds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rights {
+    Root,
+    User,
+}
+
+/// One open asking for its I/O mode.
+pub struct Opening {
+    /// Where the file opened lives.
+    pub layer: Layer,
+    /// Whether it may get passthrough (the kernel offers it, nothing needs to see its I/O).
+    pub passthrough: bool,
+    /// Whether its writes must go through the daemon (see the module documentation).
+    pub intercept: bool,
+    /// Whether it may write, and with which rights its backing file would be registered.
+    pub writes: bool,
+    pub rights: Rights,
+}
+
 enum Slot {
     Passthrough {
         id: Arc<BackingId>,
         layer: Layer,
+        /// Whose rights the kernel writes through `id` with.
+        rights: Rights,
         opens: usize,
     },
     Cached {
@@ -86,9 +115,7 @@ impl BackingTable {
     pub fn acquire(
         &self,
         ino: u64,
-        layer: Layer,
-        passthrough: bool,
-        intercept: bool,
+        opening: Opening,
         open_backing: impl FnOnce() -> std::io::Result<BackingId>,
     ) -> Option<Grant> {
         let mut open_backing = Some(open_backing);
@@ -96,11 +123,11 @@ impl BackingTable {
         loop {
             let mut slots = self.slots.lock();
             if let Some(slot) = slots.get_mut(&ino) {
-                return share(slot, layer, intercept);
+                return share(slot, &opening);
             }
-            if !passthrough || intercept {
+            if !opening.passthrough || opening.intercept {
                 slots.insert(ino, Slot::Cached { opens: 1 });
-                return Some(if intercept {
+                return Some(if opening.intercept {
                     Grant::Uncached
                 } else {
                     Grant::Cached
@@ -118,7 +145,8 @@ impl BackingTable {
                         ino,
                         Slot::Passthrough {
                             id: id.clone(),
-                            layer,
+                            layer: opening.layer,
+                            rights: opening.rights,
                             opens: 1,
                         },
                     );
@@ -155,12 +183,15 @@ impl BackingTable {
 }
 
 /// One more open of an inode whose mode is decided.
-fn share(slot: &mut Slot, layer: Layer, intercept: bool) -> Option<Grant> {
+fn share(slot: &mut Slot, opening: &Opening) -> Option<Grant> {
     match slot {
-        Slot::Passthrough { layer: l, .. } if *l != layer => None,
-        Slot::Passthrough { id, opens, .. } => {
+        Slot::Passthrough { layer, .. } if *layer != opening.layer => None,
+        Slot::Passthrough {
+            id, rights, opens, ..
+        } => {
             *opens += 1;
-            Some(if intercept {
+            let other_rights = opening.writes && *rights != opening.rights;
+            Some(if opening.intercept || other_rights {
                 Grant::Direct(id.clone())
             } else {
                 Grant::Passthrough(id.clone())
@@ -168,7 +199,7 @@ fn share(slot: &mut Slot, layer: Layer, intercept: bool) -> Option<Grant> {
         }
         Slot::Cached { opens } => {
             *opens += 1;
-            Some(if intercept {
+            Some(if opening.intercept {
                 Grant::Uncached
             } else {
                 Grant::Cached
@@ -185,15 +216,28 @@ mod tests {
         Err(std::io::Error::from_raw_os_error(libc::EPERM))
     }
 
+    /// A read-only open by root of a local file.
+    fn opening(layer: Layer, passthrough: bool, intercept: bool) -> Opening {
+        Opening {
+            layer,
+            passthrough,
+            intercept,
+            writes: false,
+            rights: Rights::Root,
+        }
+    }
+
     #[test]
     fn without_passthrough_every_open_is_cached_and_counted() {
         let t = BackingTable::default();
         assert!(matches!(
-            t.acquire(5, Layer::Local, false, false, refused),
+            t.acquire(5, opening(Layer::Local, false, false), refused),
             Some(Grant::Cached)
         ));
         assert!(matches!(
-            t.acquire(5, Layer::Local, true, false, || panic!("mode is decided")),
+            t.acquire(5, opening(Layer::Local, true, false), || panic!(
+                "mode is decided"
+            )),
             Some(Grant::Cached)
         ));
         t.release(5);
@@ -205,7 +249,7 @@ mod tests {
     fn a_refused_backing_file_falls_back_to_cached() {
         let t = BackingTable::default();
         assert!(matches!(
-            t.acquire(9, Layer::Remote, true, false, refused),
+            t.acquire(9, opening(Layer::Remote, true, false), refused),
             Some(Grant::Cached)
         ));
     }
@@ -214,11 +258,15 @@ mod tests {
     fn intercepted_opens_never_pass_through() {
         let t = BackingTable::default();
         assert!(matches!(
-            t.acquire(3, Layer::Local, true, true, || panic!("no backing file")),
+            t.acquire(3, opening(Layer::Local, true, true), || panic!(
+                "no backing file"
+            )),
             Some(Grant::Uncached)
         ));
         assert!(matches!(
-            t.acquire(3, Layer::Local, true, false, || panic!("mode is decided")),
+            t.acquire(3, opening(Layer::Local, true, false), || panic!(
+                "mode is decided"
+            )),
             Some(Grant::Cached)
         ));
     }

@@ -15,16 +15,20 @@ impl Core {
         fd: &OwnedFd,
         layer: Layer,
         writes: bool,
+        who: Caller,
         open: impl FnOnce(&OwnedFd) -> std::io::Result<fuser::BackingId>,
     ) -> Result<Option<Granted>, Errno> {
         let free = !writes || self.view.may_bypass(node);
-        let grant = self.backing.acquire(
-            node.ino,
+        let opening = Opening {
             layer,
-            self.passthrough.load(Ordering::Relaxed) && free,
-            writes && !free,
-            || open(fd),
-        );
+            passthrough: self.passthrough.load(Ordering::Relaxed) && free,
+            intercept: writes && !free,
+            writes,
+            rights: registered_rights(who, layer),
+        };
+        let grant = self
+            .backing
+            .acquire(node.ino, opening, || backing_as(who, layer, || open(fd)));
         if writes && free && !matches!(grant, Some(Grant::Passthrough(_))) {
             self.view.bypass_refused(node);
         }
@@ -100,9 +104,7 @@ impl Core {
         }
         let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let who = caller(req);
-        let granted = self.grant(&node, &fd, layer, writes, |fd| {
-            backing_as(who, layer, || reply.open_backing(fd))
-        });
+        let granted = self.grant(&node, &fd, layer, writes, who, |fd| reply.open_backing(fd));
         let Some(granted) = tri!(reply, granted) else {
             // The kernel's inode is bound to the remote copy it had before a copy-up, and
             // would map it: the node goes, and the kernel, told the open is stale, looks
@@ -217,8 +219,8 @@ impl Core {
         let (entry, fd) = tri!(reply, self.view.create(parent.0, name, mode, flags, who));
         let layer = crate::view::Layer::Local;
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let granted = self.grant(&entry.node, &fd, layer, writes, |fd| {
-            backing_as(who, layer, || reply.open_backing(fd))
+        let granted = self.grant(&entry.node, &fd, layer, writes, who, |fd| {
+            reply.open_backing(fd)
         });
         // A new object has no other open to be bound to.
         let granted = tri!(reply, granted).unwrap_or(Granted {
@@ -337,6 +339,14 @@ fn backing_as<T>(who: Caller, layer: Layer, register: impl FnOnce() -> T) -> T {
             register,
         ),
         _ => register(),
+    }
+}
+
+/// The rights a backing file registered by [`backing_as`] carries.
+fn registered_rights(who: Caller, layer: Layer) -> Rights {
+    match layer {
+        Layer::Local if who.uid != 0 => Rights::User,
+        _ => Rights::Root,
     }
 }
 

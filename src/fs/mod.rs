@@ -44,7 +44,7 @@ use crate::store::creds;
 use crate::view::attrs::{SetAttr, Time};
 use crate::view::{Caller, Entry, Layer, Node, View};
 use attr::{file_attr, file_type};
-use backing::{BackingTable, Grant};
+use backing::{BackingTable, Grant, Opening, Rights};
 use handles::{DirHandle, FileHandle as OpenFile, Handle, HandleTable};
 use notify::Notices;
 
