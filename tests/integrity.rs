@@ -305,6 +305,31 @@ fn assert_char_0_0(p: &Path, when: &str) {
 /// lists it, an exclusive create of the name fails with `EEXIST`, unlink removes it, and it
 /// survives a remount. (The view must not take it for one of its own whiteouts and make a
 /// phantom: created, then invisible.)
+/// A 0/0 device made where nothing shows below needs no mark, and gets none. Moved by rename
+/// or link into a directory where whiteouts hide something, it read there as a whiteout
+/// once the kernel forgot it: gone from the view.
+#[test]
+fn a_0_0_device_moved_into_a_shared_area_stays_a_real_entry() {
+    let m = Mount::new();
+    let _w = Watchdog::of(&m, 120);
+    let private = m.path("private");
+    fs::create_dir(&private).unwrap();
+    mknod_0_0(&private.join("moved"), 0o640).expect("mknod moved c 0 0");
+    mknod_0_0(&private.join("linked"), 0o640).expect("mknod linked c 0 0");
+    let d = m.diff("L1");
+    fs::rename(private.join("moved"), d.join("moved")).expect("rename into L1");
+    fs::hard_link(private.join("linked"), d.join("linked")).expect("link into L1");
+    drop_caches();
+    for name in ["moved", "linked"] {
+        assert_char_0_0(
+            &d.join(name),
+            &format!("{name}, after the kernel forgot it"),
+        );
+        assert!(listed(&d, name), "{name}: readdir does not list it");
+    }
+    assert_char_0_0(&private.join("linked"), "the link's other name");
+}
+
 #[test]
 fn a_0_0_device_made_in_a_shared_area_is_a_real_entry() {
     let mut m = Mount::new();

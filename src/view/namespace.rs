@@ -265,6 +265,9 @@ impl View {
         parent: &Arc<Node>,
         new_name: &OsStr,
     ) -> Result<Entry, Errno> {
+        if parent.zone.has_below() {
+            marker::keep_device(object.as_fd())?;
+        }
         // By the object itself: its names may have changed since the kernel looked it up.
         let (entry, ()) = self.place_new(parent, new_name, node.kind, false, |dir, at| {
             nix::unistd::linkat(object.as_fd(), c"", dir, at, AtFlags::AT_EMPTY_PATH)
@@ -357,6 +360,10 @@ impl View {
             .plan_move(&src.node, &parent, &new_parent, exchanged)?;
         let src_dir = parent.dir_fds().local.ok_or(Errno::ESTALE)?;
         let dst_dir = self.ensure_local_dir(&new_parent)?;
+        self.keep_device_moving(&src.node, &new_parent)?;
+        if let Some(dst) = dst.as_ref().filter(|_| exchange) {
+            self.keep_device_moving(&dst.node, &parent)?;
+        }
         let dst_root = self.quota().under(&new_parent);
         let dst_before = match dst_root.is_none() {
             true => Allocated::NONE,
@@ -479,6 +486,16 @@ impl View {
         }
         self.quota().renamed(moving);
         Ok(())
+    }
+
+    /// Marks `node`, moving into `to`, a real device if it needs to be (see
+    /// [`marker::keep_device`]).
+    fn keep_device_moving(&self, node: &Node, to: &Node) -> Result<(), Errno> {
+        if node.kind != Kind::CharDev || !to.zone.has_below() {
+            return Ok(());
+        }
+        let object = node.state().object.clone().ok_or(Errno::ESTALE)?;
+        marker::keep_device(object.as_fd())
     }
 
     /// Gets a renamed object ready to move within local: non-directories are copied up,
