@@ -42,9 +42,6 @@ impl Courier {
     /// Hands `notices` to the thread and waits for them to be sent, at most `patience`:
     /// the number that failed, or `None` if they are still waiting for a directory.
     pub fn deliver(&self, notices: Vec<Notice>, patience: Duration) -> Option<Failed> {
-        if notices.is_empty() {
-            return Some(0);
-        }
         let (done, sent) = bounded(1);
         self.batches.send((notices, done)).ok()?;
         sent.recv_timeout(patience).ok()

@@ -639,12 +639,11 @@ impl Refresher {
     /// Sends `notices`, waiting for them at most the scan timeout: past it, a request stuck
     /// on the remote holds a directory they need, and they are sent once it returns.
     fn tell_kernel(&self, notices: Vec<Notice>, what: &str) {
-        let Some(courier) = &self.kernel else {
+        let Some(courier) = self.kernel.as_ref().filter(|_| !notices.is_empty()) else {
             return;
         };
         let count = notices.len();
         match courier.deliver(notices, self.options.scan_timeout) {
-            Some(0) if count == 0 => {}
             Some(failed) => debug!(notices = count, failed, "{what}"),
             None => warn!(
                 notices = count,

@@ -25,7 +25,7 @@ use tracing::debug;
 use super::inodes::Identity;
 use super::local_identity;
 use super::node::{Layer, Node};
-use super::{marker, Stat, View};
+use super::{marker, names, Stat, View};
 use crate::quota::{Accounting, Allocated, Charge, Need};
 use crate::store::{self, cname, copy, xattr, Kind};
 
@@ -103,19 +103,8 @@ impl View {
             temp.as_c_str(),
             Mode::from_bits_truncate(0o700),
         )?;
-        let made = store::open_dir_at(parent_fd.as_fd(), &temp).and_then(|fd| {
-            if let Some(remote) = &remote {
-                copy_xattrs(
-                    &store::proc_path(remote.as_fd()),
-                    &store::proc_path(fd.as_fd()),
-                );
-            }
-            apply_owner_mode_times(fd.as_fd(), &template)?;
-            let (dir, from, to) = (parent_fd.as_fd(), temp.as_c_str(), c.as_c_str());
-            nix::fcntl::renameat2(dir, from, dir, to, RenameFlags::RENAME_NOREPLACE)?;
-            Ok(fd)
-        });
-        let fd = match made {
+        let xattrs = remote.as_deref().map(|r| r.as_fd());
+        let fd = match finish_temp(parent_fd.as_fd(), &temp, &c, &template, xattrs) {
             Ok(fd) => {
                 restore_times(parent_fd.as_fd(), &parent_times);
                 if !under.is_none() {
@@ -129,15 +118,9 @@ impl View {
                 }
                 fd
             }
-            Err(e) => {
-                let gone = nix::unistd::UnlinkatFlags::RemoveDir;
-                let _ = nix::unistd::unlinkat(parent_fd.as_fd(), temp.as_c_str(), gone);
-                match e {
-                    // Another request got there first.
-                    Errno::EEXIST => store::open_dir_at(parent_fd.as_fd(), &c)?,
-                    e => return Err(e),
-                }
-            }
+            // Another request got there first.
+            Err(Errno::EEXIST) => store::open_dir_at(parent_fd.as_fd(), &c)?,
+            Err(e) => return Err(e),
         };
         let st = store::stat_fd(fd.as_fd())?;
         let fd = Arc::new(fd);
@@ -303,7 +286,7 @@ fn place_symlink(
     let temp = temp_name();
     let target = std::ffi::CString::new(target).map_err(|_| Errno::EINVAL)?;
     nix::unistd::symlinkat(target.as_c_str(), dir, temp.as_c_str())?;
-    finish_temp(dir, &temp, name, st)
+    finish_temp(dir, &temp, name, st, None)
 }
 
 fn place_special(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<OwnedFd, Errno> {
@@ -315,13 +298,23 @@ fn place_special(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<OwnedFd,
         Mode::from_bits_truncate(0o600),
         st.st_rdev,
     )?;
-    finish_temp(dir, &temp, name, st)
+    finish_temp(dir, &temp, name, st, None)
 }
 
-/// Dresses a temporary entry with `st`'s attributes and moves it under its name; returns an
-/// `O_PATH` handle of it.
-fn finish_temp(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, st: &Stat) -> Result<OwnedFd, Errno> {
+/// Dresses a temporary entry with `st`'s attributes (and the xattrs of `xattrs`, if given)
+/// and moves it under its name; returns an `O_PATH` handle of it. If it fails, the
+/// temporary entry is gone.
+fn finish_temp(
+    dir: BorrowedFd<'_>,
+    temp: &CStr,
+    name: &CStr,
+    st: &Stat,
+    xattrs: Option<BorrowedFd<'_>>,
+) -> Result<OwnedFd, Errno> {
     let result = store::open_path_at(dir, temp).and_then(|fd| {
+        if let Some(from) = xattrs {
+            copy_xattrs(&store::proc_path(from), &store::proc_path(fd.as_fd()));
+        }
         // A 0/0 device copied up is the device it was, not a whiteout.
         if store::is_whiteout(st) {
             marker::set_device(fd.as_fd())?;
@@ -331,7 +324,7 @@ fn finish_temp(dir: BorrowedFd<'_>, temp: &CStr, name: &CStr, st: &Stat) -> Resu
         Ok(fd)
     });
     if result.is_err() {
-        let _ = nix::unistd::unlinkat(dir, temp, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        let _ = names::remove_any(dir, temp, Kind::from_mode(st.st_mode) == Kind::Dir);
     }
     result
 }

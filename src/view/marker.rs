@@ -51,13 +51,13 @@ pub fn set_device(fd: BorrowedFd<'_>) -> Result<(), Errno> {
     xattr::set(&store::proc_path(fd), DEVICE_NAME, b"chr", 0)
 }
 
-/// Marks the object behind the `O_PATH` handle `fd` a real device if it is an unmarked 0/0
-/// device, before it takes a name (by rename or link) in a directory where whiteouts hide
-/// something: made where nothing showed below, it needed no mark, and would read there as
-/// a whiteout. Without trusted attributes it cannot go there (`EPERM`, as `mknod` there).
-pub fn keep_device(fd: BorrowedFd<'_>) -> Result<(), Errno> {
-    let st = store::stat_fd(fd)?;
-    if !store::is_whiteout(&st) || xattr::get(&store::proc_path(fd), DEVICE_NAME).is_ok() {
+/// Marks the object behind the `O_PATH` handle `fd` (`st` is its stat) a real device if it
+/// is an unmarked 0/0 device, before it takes a name (by rename or link) in a directory
+/// where whiteouts hide something: made where nothing showed below, it needed no mark, and
+/// would read there as a whiteout. Without trusted attributes it cannot go there (`EPERM`,
+/// as `mknod` there).
+pub fn keep_device(fd: BorrowedFd<'_>, st: &Stat) -> Result<(), Errno> {
+    if !store::is_whiteout(st) || xattr::get(&store::proc_path(fd), DEVICE_NAME).is_ok() {
         return Ok(());
     }
     set_device(fd).map_err(|_| Errno::EPERM)

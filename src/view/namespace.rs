@@ -247,6 +247,9 @@ impl View {
         self.copy_up(&node, true)?;
         let object = node.object().ok_or(Errno::ESTALE)?;
         let st = store::stat_fd(object.as_fd())?;
+        if dir_node.zone.has_below() {
+            marker::keep_device(object.as_fd(), &st)?;
+        }
         let make = || self.make_link(&node, &object, &dir_node, new_name);
         if store::is_whiteout(&st) {
             // Kernel overlayfs stacked on the view makes its whiteouts as links to one: a
@@ -265,9 +268,6 @@ impl View {
         parent: &Arc<Node>,
         new_name: &OsStr,
     ) -> Result<Entry, Errno> {
-        if parent.zone.has_below() {
-            marker::keep_device(object.as_fd())?;
-        }
         // By the object itself: its names may have changed since the kernel looked it up.
         let (entry, ()) = self.place_new(parent, new_name, node.kind, false, |dir, at| {
             nix::unistd::linkat(object.as_fd(), c"", dir, at, AtFlags::AT_EMPTY_PATH)
@@ -494,8 +494,8 @@ impl View {
         if node.kind != Kind::CharDev || !to.zone.has_below() {
             return Ok(());
         }
-        let object = node.state().object.clone().ok_or(Errno::ESTALE)?;
-        marker::keep_device(object.as_fd())
+        let object = node.object().ok_or(Errno::ESTALE)?;
+        marker::keep_device(object.as_fd(), &store::stat_fd(object.as_fd())?)
     }
 
     /// Gets a renamed object ready to move within local: non-directories are copied up,
