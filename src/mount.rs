@@ -15,7 +15,7 @@ use crate::control::MountControl;
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
 use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
-use crate::fs::{ring, LayerFs, Timeouts, Transport, SYNC_THREADS};
+use crate::fs::{ring, LayerFs, Timeouts, Transport, CROWD_THREADS, SYNC_THREADS};
 use crate::layout::{LayoutIndex, Scanner};
 use crate::metrics::{InodeCounts, Metrics, Sources};
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
@@ -206,7 +206,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
             path: config.mountpoint.clone(),
             source,
         })?;
-    let settings = ring::Settings::for_pools(config.remote_threads + SYNC_THREADS);
+    let settings = ring::Settings::for_pools(config.remote_threads + SYNC_THREADS + CROWD_THREADS);
     let served = session
         .run_with(|dispatcher| match ring {
             Some(device) => ring::start(dispatcher, device, settings, &ring_negotiated),

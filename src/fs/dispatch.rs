@@ -1,7 +1,9 @@
 //! The FUSE entry points: each request is served on the FUSE thread that read it, unless it
 //! may wait on the remote, in which case it goes to the remote pool with its reply, or is an
-//! `fsync` of a local file, which goes to the sync pool (see [`super::pool`]). The `View`
-//! says which requests may wait on the remote; [`Core`] serves them.
+//! `fsync` of a local file, which goes to the sync pool (see [`super::pool`]). While the
+//! inode table is crowded, requests that open objects go to the crowd pool, where they may
+//! wait for descriptors (see [`super::trim`]). The `View` says which requests may wait on
+//! the remote; [`Core`] serves them.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -21,16 +23,20 @@ use super::pool::{Load, Pool};
 use super::{creator, outcome, time, Core, Timeouts, Transport, Who};
 use crate::metrics::{FsTables, Metrics};
 use crate::view::attrs::SetAttr;
+use crate::view::route::Held;
 use crate::view::{Layer, View};
 
 /// How many `fsync`s of local files may wait for the disk at once without holding a FUSE
 /// thread.
 pub(crate) const SYNC_THREADS: usize = 8;
+/// How many requests may wait for descriptors at once without holding a FUSE thread.
+pub(crate) const CROWD_THREADS: usize = 8;
 
 pub struct LayerFs {
     core: Arc<Core>,
     pool: Pool,
     sync: Pool,
+    crowd: Pool,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -52,6 +58,7 @@ impl LayerFs {
             core,
             pool: Pool::start("remote", remote_threads, metrics.clone())?,
             sync: Pool::start("sync", SYNC_THREADS, None)?,
+            crowd: Pool::start("crowd", CROWD_THREADS, None)?,
             metrics,
         })
     }
@@ -95,11 +102,6 @@ impl LayerFs {
         self.pool.load()
     }
 
-    /// Serves `job` on the remote pool and counts it, from now until it is replied to.
-    fn remote(&self, op: &'static str, job: impl FnOnce(&Core) + Send + 'static) {
-        self.on(&self.pool, op, job);
-    }
-
     /// Serves `job` on `pool` and counts it, from now until it is replied to.
     fn on(&self, pool: &Pool, op: &'static str, job: impl FnOnce(&Core) + Send + 'static) {
         let start = self.clock();
@@ -108,6 +110,22 @@ impl LayerFs {
             job(&core);
             Self::served(metrics.as_deref(), op, start);
         });
+    }
+
+    /// Where a request that opens objects is served: on the remote pool if it may `wait`
+    /// on the remote, on the crowd pool while the inode table is crowded, else here. While
+    /// it is on a pool, the directories the kernel holds for it (`dirs`) are marked held:
+    /// names there wait as long as it does (see `View::held_for`).
+    fn opener(&self, wait: bool, dirs: &[u64]) -> (Option<&Pool>, Option<Held>) {
+        let view = self.core.view();
+        let pool = if wait {
+            &self.pool
+        } else if view.inodes.crowded() {
+            &self.crowd
+        } else {
+            return (None, None);
+        };
+        (Some(pool), (!dirs.is_empty()).then(|| view.held_for(dirs)))
     }
 
     /// Whether a request on the open file `fh` may wait on the remote: it was opened there.
@@ -124,18 +142,23 @@ impl LayerFs {
     }
 }
 
-/// Serves a request on the calling FUSE thread, or with owned arguments on the remote pool.
+/// Serves a request on the calling FUSE thread, or with owned arguments on the remote pool
+/// if it may wait there (or on the pool given with `on`).
 macro_rules! serve {
-    ($fs:ident, $op:literal, $wait:expr, $core:ident => $call:expr, own { $($name:ident),* }) => {
-        if $wait {
-            $(let $name = $name.to_owned();)*
-            $fs.remote($op, move |$core| {
-                $(let $name = &*$name;)*
-                $call
-            });
-        } else {
-            $fs.here($op, |$core| $call);
+    ($fs:ident, $op:literal, on $pool:expr, $core:ident => $call:expr, own { $($name:ident),* }) => {
+        match $pool {
+            Some(pool) => {
+                $(let $name = $name.to_owned();)*
+                $fs.on(pool, $op, move |$core| {
+                    $(let $name = &*$name;)*
+                    $call
+                });
+            }
+            None => $fs.here($op, |$core| $call),
         }
+    };
+    ($fs:ident, $op:literal, $wait:expr, $core:ident => $call:expr, own { $($name:ident),* }) => {
+        serve!($fs, $op, on $wait.then_some(&$fs.pool), $core => $call, own { $($name),* })
     };
 }
 
@@ -150,7 +173,11 @@ impl Filesystem for LayerFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, "lookup", wait, core => core.lookup(parent, name, reply), own { name });
+        let (pool, held) = self.opener(wait, &[parent.0]);
+        serve!(self, "lookup", on pool, core => {
+            let _held = held;
+            core.lookup(parent, name, reply)
+        }, own { name });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -210,7 +237,11 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, "mknod", wait, core => core.mknod(who, parent, name, mode, rdev, reply), own { name });
+        let (pool, held) = self.opener(wait, &[parent.0]);
+        serve!(self, "mknod", on pool, core => {
+            let _held = held;
+            core.mknod(who, parent, name, mode, rdev, reply)
+        }, own { name });
     }
 
     fn mkdir(
@@ -224,7 +255,11 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, "mkdir", wait, core => core.mkdir(who, parent, name, mode, reply), own { name });
+        let (pool, held) = self.opener(wait, &[parent.0]);
+        serve!(self, "mkdir", on pool, core => {
+            let _held = held;
+            core.mkdir(who, parent, name, mode, reply)
+        }, own { name });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -247,7 +282,11 @@ impl Filesystem for LayerFs {
     ) {
         let who = Who::of(req);
         let wait = self.view_of().name_may_wait(parent.0, link_name);
-        serve!(self, "symlink", wait, core => core.symlink(who, parent, link_name, target, reply), own { link_name, target });
+        let (pool, held) = self.opener(wait, &[parent.0]);
+        serve!(self, "symlink", on pool, core => {
+            let _held = held;
+            core.symlink(who, parent, link_name, target, reply)
+        }, own { link_name, target });
     }
 
     fn rename(
@@ -281,8 +320,8 @@ impl Filesystem for LayerFs {
         let view = self.core.view();
         let wait = view.object_may_wait(ino.0) || view.name_may_wait(newparent.0, newname);
         // The kernel holds the new name's directory while the link copies the file up.
-        let held = wait.then(|| view.held_for(&[newparent.0]));
-        serve!(self, "link", wait, core => {
+        let (pool, held) = self.opener(wait, &[newparent.0]);
+        serve!(self, "link", on pool, core => {
             let _held = held;
             core.link(ino, newparent, newname, reply)
         }, own { newname });
@@ -290,8 +329,8 @@ impl Filesystem for LayerFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let who = Who::of(req);
-        let wait = self.view_of().object_may_wait(ino.0);
-        serve!(self, "open", wait, core => core.open(who, ino, flags, reply), own {});
+        let (pool, _) = self.opener(self.view_of().object_may_wait(ino.0), &[]);
+        serve!(self, "open", on pool, core => core.open(who, ino, flags, reply), own {});
     }
 
     fn read(
@@ -464,7 +503,11 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, "create", wait, core => core.create(who, parent, name, mode, flags, reply), own { name });
+        let (pool, held) = self.opener(wait, &[parent.0]);
+        serve!(self, "create", on pool, core => {
+            let _held = held;
+            core.create(who, parent, name, mode, flags, reply)
+        }, own { name });
     }
 
     fn fallocate(

@@ -4,7 +4,7 @@ use super::*;
 
 impl Core {
     pub(super) fn lookup(&self, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.view.lookup(parent.0, name) {
+        match trim::patiently(&self.view, || self.view.lookup(parent.0, name)) {
             Ok(entry) => self.reply_entry(reply, &entry),
             // A negative entry: the kernel remembers the name is absent. Names appear only
             // through this daemon (which the kernel sees) or a refresh (which invalidates).
@@ -77,7 +77,12 @@ impl Core {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let entry = tri!(reply, self.view.mknod(parent.0, name, mode, rdev, who));
+        let entry = tri!(
+            reply,
+            trim::patiently(&self.view, || self
+                .view
+                .mknod(parent.0, name, mode, rdev, who))
+        );
         self.reply_entry(reply, &entry);
     }
 
@@ -89,7 +94,10 @@ impl Core {
         mode: u32,
         reply: ReplyEntry,
     ) {
-        let entry = tri!(reply, self.view.mkdir(parent.0, name, mode, who));
+        let entry = tri!(
+            reply,
+            trim::patiently(&self.view, || self.view.mkdir(parent.0, name, mode, who))
+        );
         self.reply_entry(reply, &entry);
     }
 
@@ -113,8 +121,12 @@ impl Core {
     ) {
         let entry = tri!(
             reply,
-            self.view
-                .symlink(parent.0, link_name, target.as_os_str(), caller(req))
+            trim::patiently(&self.view, || self.view.symlink(
+                parent.0,
+                link_name,
+                target.as_os_str(),
+                caller(req)
+            ))
         );
         self.reply_entry(reply, &entry);
     }
@@ -143,7 +155,10 @@ impl Core {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let entry = tri!(reply, self.view.link(ino.0, newparent.0, newname));
+        let entry = tri!(
+            reply,
+            trim::patiently(&self.view, || self.view.link(ino.0, newparent.0, newname))
+        );
         self.reply_entry(reply, &entry);
     }
 

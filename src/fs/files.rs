@@ -97,7 +97,10 @@ impl Core {
 
     pub(super) fn open(&self, req: Who, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let node = tri!(reply, self.view.node(ino.0));
-        let (fd, layer) = tri!(reply, self.view.open(&node, flags.0));
+        let (fd, layer) = tri!(
+            reply,
+            trim::patiently(&self.view, || self.view.open(&node, flags.0))
+        );
         // `FUSE_ATOMIC_O_TRUNC`: the kernel leaves the set-ID bits of a truncating open to us.
         if flags.0 & libc::O_TRUNC != 0 && req.uid() != 0 {
             tri!(reply, self.view.drop_privileges(&node, caller(req)));
@@ -216,7 +219,12 @@ impl Core {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let (entry, fd) = tri!(reply, self.view.create(parent.0, name, mode, flags, who));
+        let (entry, fd) = tri!(
+            reply,
+            trim::patiently(&self.view, || self
+                .view
+                .create(parent.0, name, mode, flags, who))
+        );
         let layer = crate::view::Layer::Local;
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let granted = self.grant(&entry.node, &fd, layer, writes, who, |fd| {

@@ -15,7 +15,7 @@ pub mod backing;
 mod dispatch;
 
 pub use dispatch::LayerFs;
-pub(crate) use dispatch::SYNC_THREADS;
+pub(crate) use dispatch::{CROWD_THREADS, SYNC_THREADS};
 pub mod handles;
 pub mod kernel_mount;
 pub mod notify;

@@ -27,6 +27,16 @@ use crate::metrics::Metrics;
 
 type Job = Box<dyn FnOnce() + Send>;
 
+thread_local! {
+    static WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is a pool's worker: a request served here may wait without holding
+/// up the FUSE threads, and with them the FORGETs and replies they read.
+pub fn on_worker() -> bool {
+    WORKER.get()
+}
+
 /// How many requests wait for a worker, and how many workers are busy.
 #[derive(Debug, Default)]
 pub struct Load {
@@ -66,6 +76,7 @@ impl Pool {
             std::thread::Builder::new()
                 .name(format!("{name}-{n}"))
                 .spawn(move || {
+                    WORKER.set(true);
                     for job in rx {
                         load.queued.fetch_sub(1, Ordering::Relaxed);
                         load.running.fetch_add(1, Ordering::Relaxed);

@@ -16,27 +16,45 @@
 //! the remote does. While that queue is held up, a round takes as many more names as it
 //! handed it, since those free nothing.
 //!
+//! Trimming runs beside the requests that fill the table, and the kernel forgets what it
+//! drops a little later: a burst of new names can use up the descriptors first. While the
+//! table is crowded (past the mark that starts trimming), requests that open objects are
+//! served on a pool of their own (see `fs::dispatch`), and one that finds no descriptor free
+//! waits there for trimming to free some ([`patiently`]) instead of failing with `EMFILE`:
+//! a `mkdir` must not fail because the daemon keeps handles. The FUSE threads never wait
+//! so: they read the FORGETs that free descriptors. The directories the kernel holds for a
+//! request on that pool are marked held from its dispatch (see `View::held_for`), so their
+//! names go to the queue near the remote and this thread never waits on them; whether a
+//! directory is held is asked for each name, just before it is dropped.
+//!
 //! The kernel detaches every mount on or below a name it is told to drop, so the names of
 //! mountpoints in the view and of the directories above them are never dropped: a
 //! container's root mounted on `overlay/<cid>/merged` must outlive any walk. The mounts are
 //! read from this process's mount table each round; a mount only another mount namespace
 //! sees is not known here.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuser::{INodeNo, Notifier};
+use nix::errno::Errno;
 use tracing::{debug, warn};
 
 use crate::fs::kernel_mount::FSTYPE;
 use crate::fs::notify::Notices;
+use crate::fs::pool;
 use crate::store::mountinfo;
 use crate::view::View;
 
 /// How often the table is measured when it does not call.
 const EVERY: Duration = Duration::from_secs(1);
+
+/// How long a call that finds no descriptor free waits for trimming to free one.
+const PATIENCE: Duration = Duration::from_secs(5);
+/// How often it tries again meanwhile.
+const RETRY: Duration = Duration::from_millis(5);
 
 /// Starts watching the inode table of `view`, mounted at `mountpoint`, for as long as the
 /// view lives. Names near the remote go to `notices`.
@@ -74,13 +92,7 @@ pub fn spawn(
                     }
                 };
                 let pinned = pinned(&mounts, &mountpoint);
-                // Asked once per directory: a round drops thousands of names from a few.
-                let mut dirs = HashMap::new();
-                let mut near = |parent: u64| {
-                    *dirs
-                        .entry(parent)
-                        .or_insert_with(|| view.dir_may_wait(parent))
-                };
+                let near = |parent: u64| view.dir_may_wait(parent);
                 let want = live - low;
                 let mut names = view.least_used_names(want, &pinned);
                 // While a stall holds up the names near the remote (their queue does not
@@ -107,6 +119,26 @@ pub fn spawn(
             }
         })
         .map(drop)
+}
+
+/// Runs `call`, which opens descriptors, again while it fails for want of them and the
+/// view's table is crowded, for up to [`PATIENCE`], on a pool's worker: trimming then frees
+/// descriptors as the kernel forgets. One more try follows the table's leaving the crowd,
+/// as the last forgotten node closes its handles just after it leaves the table.
+pub fn patiently<T>(view: &View, mut call: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
+    let deadline = Instant::now() + PATIENCE;
+    let mut crowded = pool::on_worker() && view.inodes.crowded();
+    loop {
+        let result = call();
+        if !matches!(result, Err(Errno::EMFILE | Errno::ENFILE))
+            || !crowded
+            || Instant::now() >= deadline
+        {
+            return result;
+        }
+        std::thread::sleep(RETRY);
+        crowded = view.inodes.crowded();
+    }
 }
 
 /// The paths, relative to the view's root, of everything mounted on the view and of every

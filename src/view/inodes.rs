@@ -41,7 +41,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -120,6 +120,9 @@ pub struct InodeTable {
     ticks: AtomicU64,
     /// Told when the table grows past a number of nodes (see [`InodeTable::watch`]).
     watcher: std::sync::OnceLock<(usize, crossbeam_channel::Sender<()>)>,
+    /// Whether the table holds more nodes than the watcher's number (see
+    /// [`InodeTable::crowded`]); changed only under the maps' write lock.
+    crowded: AtomicBool,
     /// The filesystems whose inode numbers become node numbers.
     local_dev: u64,
     remote_dev: AtomicU64,
@@ -149,6 +152,7 @@ impl InodeTable {
             next: AtomicU64::new(1),
             ticks: AtomicU64::new(0),
             watcher: std::sync::OnceLock::new(),
+            crowded: AtomicBool::new(false),
             local_dev,
             remote_dev: AtomicU64::new(remote_dev),
         }
@@ -200,6 +204,7 @@ impl InodeTable {
         );
         if let Some((high, tell)) = self.watcher.get() {
             if maps.nodes.len() > *high {
+                self.crowded.store(true, Ordering::Relaxed);
                 let _ = tell.try_send(());
             }
         }
@@ -209,6 +214,13 @@ impl InodeTable {
     /// Has `tell` told (without waiting) whenever a node is added past `high` nodes.
     pub fn watch(&self, high: usize, tell: crossbeam_channel::Sender<()>) {
         let _ = self.watcher.set((high, tell));
+    }
+
+    /// Whether the table holds more nodes than it is watched for: trimming is under way
+    /// (see `fs::trim`), and a call may find no descriptor free until the kernel has
+    /// forgotten the nodes trimming drops.
+    pub fn crowded(&self) -> bool {
+        self.crowded.load(Ordering::Relaxed)
     }
 
     /// Drops `count` kernel references; at zero the node leaves the table with its
@@ -233,6 +245,11 @@ impl InodeTable {
             let Some(slot) = maps.nodes.remove(&ino) else {
                 return;
             };
+            if let Some((high, _)) = self.watcher.get() {
+                if maps.nodes.len() <= *high {
+                    self.crowded.store(false, Ordering::Relaxed);
+                }
+            }
             let ids = std::mem::take(&mut slot.node.state().identities);
             for id in ids {
                 if maps.by_identity.get(&id) == Some(&ino) {

@@ -12,11 +12,11 @@ use parking_lot::Mutex;
 
 use super::{Layer, Node, View, Zone};
 
-/// Directories the kernel holds locked for a request that may wait on the remote though
-/// they do not themselves ask it: the directory a remote file is linked into (the link
-/// copies the file up), the local side of a rename to or from a shared directory. Names
-/// there wait as long as that request, as in a directory that asks the remote. Counts by
-/// directory number; a leaf lock.
+/// Directories the kernel holds locked for a request that may wait though they do not
+/// themselves ask the remote: the directory a remote file is linked into (the link copies
+/// the file up), the local side of a rename to or from a shared directory, the directory of
+/// a request waiting for descriptors (see `fs::trim`). Names there wait as long as that
+/// request, as in a directory that asks the remote. Counts by directory number; a leaf lock.
 #[derive(Debug, Default)]
 pub struct HeldDirs(Mutex<HashMap<u64, usize>>);
 
@@ -77,7 +77,7 @@ impl View {
         asks || self.held.0.lock().contains_key(&dir)
     }
 
-    /// Marks `dirs` as held by a request that may wait on the remote (see [`HeldDirs`]),
+    /// Marks `dirs` as held by a request that may wait (see [`HeldDirs`]),
     /// from before it is queued until the returned guard drops.
     pub fn held_for(self: &Arc<Self>, dirs: &[u64]) -> Held {
         let mut held = self.held.0.lock();
