@@ -2028,3 +2028,26 @@ fn an_area_covered_by_an_empty_mount_and_uncovered_comes_back() {
         &["outage", "outage-img", "outage-later", "outage-other"],
     );
 }
+
+/// The layout directories show the remote's own attributes (mode, owner, times). When the
+/// writer host changes them, the next round shows the change at once, not once the kernel's
+/// attribute timeout (an hour by default) has passed.
+#[test]
+fn a_layout_directory_s_changed_attributes_show_after_one_round() {
+    use std::os::unix::fs::MetadataExt;
+    let mut m = mount();
+    for dir in ["overlay", "overlay-layers", "overlay-images"] {
+        let (shown, remote) = (m.path(dir), m.remote.join(dir));
+        let before = fs::metadata(&shown).unwrap().mode() & 0o7777;
+        assert_eq!(before, fs::metadata(&remote).unwrap().mode() & 0o7777);
+        let mode = if before == 0o750 { 0o755 } else { 0o750 };
+        fs::set_permissions(&remote, fs::Permissions::from_mode(mode)).unwrap();
+        refresh(&m);
+        assert_eq!(
+            fs::metadata(&shown).unwrap().mode() & 0o7777,
+            mode,
+            "{dir} after the remote's mode changed from {before:o} to {mode:o}"
+        );
+    }
+    m.accept_remote_changes();
+}

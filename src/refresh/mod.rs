@@ -613,7 +613,9 @@ impl Refresher {
                 // The next scans must not trust what they cached of the old tree.
                 self.force = true;
             }
-            self.view.set_layout_attrs(probed.layout);
+            let changed = self.view.set_layout_attrs(probed.layout);
+            let notices = changed.into_iter().map(Notice::Inode).collect();
+            self.tell_kernel(notices, "layout directories' attributes changed");
             self.anchor = Some(probed.anchor);
         }
         Ok(index)

@@ -533,10 +533,35 @@ impl View {
     }
 
     /// Takes the attributes of the remote's layout directories (a refresh round read them).
-    pub fn set_layout_attrs(&self, attrs: Vec<(Zone, Stat)>) {
-        *self.layout_attrs.write() = attrs.into_iter().collect();
+    /// Returns the numbers of the live directories that show other attributes now: the
+    /// kernel keeps what it was told for the attribute timeout.
+    pub fn set_layout_attrs(&self, attrs: Vec<(Zone, Stat)>) -> Vec<u64> {
+        let attrs: std::collections::HashMap<Zone, Stat> = attrs.into_iter().collect();
+        let changed: Vec<Zone> = {
+            let mut had = self.layout_attrs.write();
+            let shown = |st: Option<&Stat>| st.map(layout_shows);
+            let changed = had
+                .keys()
+                .chain(attrs.keys())
+                .filter(|z| shown(had.get(z)) != shown(attrs.get(z)))
+                .copied()
+                .collect();
+            *had = attrs;
+            changed
+        };
+        if changed.is_empty() {
+            return Vec::new();
+        }
+        self.inodes
+            .live()
+            .into_iter()
+            .filter(|n| n.is_dir() && n.layer() == Layer::Virtual && changed.contains(&n.zone))
+            .map(|n| n.ino)
+            .collect()
     }
 
+    /// Attributes of a synthesized node; a layout directory shows those of the remote's
+    /// directory of the same place, where it has one (see [`View::set_layout_attrs`]).
     fn virtual_stat(&self, node: &Node) -> Stat {
         let mut st = self.virtual_base;
         let remote = node
@@ -820,4 +845,18 @@ fn virtual_identity(parent: &Node, name: &OsStr) -> Identity {
         parent: parent.ino,
         name: name.to_owned(),
     }
+}
+
+/// What a layout directory shows of the remote's directory of the same place that is worth
+/// telling the kernel of: not the access time, which the scans themselves move.
+fn layout_shows(st: &Stat) -> [i64; 7] {
+    [
+        i64::from(st.st_mode),
+        i64::from(st.st_uid),
+        i64::from(st.st_gid),
+        st.st_mtime,
+        st.st_mtime_nsec,
+        st.st_ctime,
+        st.st_ctime_nsec,
+    ]
 }
