@@ -4,7 +4,7 @@ use super::*;
 
 impl Core {
     pub(super) fn lookup(&self, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match trim::patiently(&self.view, || self.view.lookup(parent.0, name)) {
+        match self.patiently(|view| view.lookup(parent.0, name)) {
             Ok(entry) => self.reply_entry(reply, &entry),
             // A negative entry: the kernel remembers the name is absent. Names appear only
             // through this daemon (which the kernel sees) or a refresh (which invalidates).
@@ -79,9 +79,7 @@ impl Core {
     ) {
         let entry = tri!(
             reply,
-            trim::patiently(&self.view, || self
-                .view
-                .mknod(parent.0, name, mode, rdev, who))
+            self.patiently(|view| view.mknod(parent.0, name, mode, rdev, who))
         );
         self.reply_entry(reply, &entry);
     }
@@ -96,7 +94,7 @@ impl Core {
     ) {
         let entry = tri!(
             reply,
-            trim::patiently(&self.view, || self.view.mkdir(parent.0, name, mode, who))
+            self.patiently(|view| view.mkdir(parent.0, name, mode, who))
         );
         self.reply_entry(reply, &entry);
     }
@@ -119,14 +117,10 @@ impl Core {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let (target, who) = (target.as_os_str(), caller(req));
         let entry = tri!(
             reply,
-            trim::patiently(&self.view, || self.view.symlink(
-                parent.0,
-                link_name,
-                target.as_os_str(),
-                caller(req)
-            ))
+            self.patiently(|view| view.symlink(parent.0, link_name, target, who))
         );
         self.reply_entry(reply, &entry);
     }
@@ -157,7 +151,7 @@ impl Core {
     ) {
         let entry = tri!(
             reply,
-            trim::patiently(&self.view, || self.view.link(ino.0, newparent.0, newname))
+            self.patiently(|view| view.link(ino.0, newparent.0, newname))
         );
         self.reply_entry(reply, &entry);
     }

@@ -97,10 +97,7 @@ impl Core {
 
     pub(super) fn open(&self, req: Who, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let node = tri!(reply, self.view.node(ino.0));
-        let (fd, layer) = tri!(
-            reply,
-            trim::patiently(&self.view, || self.view.open(&node, flags.0))
-        );
+        let (fd, layer) = tri!(reply, self.patiently(|view| view.open(&node, flags.0)));
         // `FUSE_ATOMIC_O_TRUNC`: the kernel leaves the set-ID bits of a truncating open to us.
         if flags.0 & libc::O_TRUNC != 0 && req.uid() != 0 {
             tri!(reply, self.view.drop_privileges(&node, caller(req)));
@@ -221,9 +218,7 @@ impl Core {
     ) {
         let (entry, fd) = tri!(
             reply,
-            trim::patiently(&self.view, || self
-                .view
-                .create(parent.0, name, mode, flags, who))
+            self.patiently(|view| view.create(parent.0, name, mode, flags, who))
         );
         let layer = crate::view::Layer::Local;
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;

@@ -18,9 +18,10 @@
 //!
 //! Trimming runs beside the requests that fill the table, and the kernel forgets what it
 //! drops a little later: a burst of new names can use up the descriptors first. While the
-//! table is crowded (past the mark that starts trimming), requests that open objects are
-//! served on a pool of their own (see `fs::dispatch`), and one that finds no descriptor free
-//! waits there for trimming to free some ([`patiently`]) instead of failing with `EMFILE`:
+//! table is crowded (from passing the mark that starts trimming until it is down to the
+//! mark trimming aims at), requests that open objects are served on a pool of their own
+//! (see `fs::dispatch`), and one that finds no descriptor free waits there for trimming to
+//! free some ([`patiently`]) instead of failing with `EMFILE`:
 //! a `mkdir` must not fail because the daemon keeps handles. The FUSE threads never wait
 //! so: they read the FORGETs that free descriptors. The directories the kernel holds for a
 //! request on that pool are marked held from its dispatch (see `View::held_for`), so their
@@ -70,7 +71,7 @@ pub fn spawn(
     // and the rest of the limit is headroom for lookups while the kernel forgets.
     let (high, low) = (limit * 2 / 5, limit / 4);
     let (tell, told) = crossbeam_channel::bounded(1);
-    view.inodes.watch(high, tell);
+    view.inodes.watch(high, low, tell);
     // Opened now: a round is most needed when the daemon has no descriptor left to open it.
     let mut table = mountinfo::Table::open()?;
     let view: Weak<View> = Arc::downgrade(view);
@@ -82,7 +83,9 @@ pub fn spawn(
                 return;
             };
             let live = view.inodes.len();
-            if live > high {
+            // Crowded, the table is taken down to `low` even below `high`: requests wait
+            // on the crowd pool until it is.
+            if live > high || (live > low && view.inodes.crowded()) {
                 // Without the table no name is known to be safe to drop: wait for the next round.
                 let mounts = match table.read() {
                     Ok(mounts) => mounts,

@@ -108,6 +108,14 @@ pub struct NewNode {
     pub identities: Vec<Identity>,
 }
 
+/// Who is told when the table grows past `high` nodes (see [`InodeTable::watch`]).
+#[derive(Debug)]
+struct Watcher {
+    high: usize,
+    low: usize,
+    tell: crossbeam_channel::Sender<()>,
+}
+
 #[derive(Debug)]
 pub struct InodeTable {
     maps: RwLock<Maps>,
@@ -119,9 +127,9 @@ pub struct InodeTable {
     /// Hand-outs so far: the clock of [`Slot::used`].
     ticks: AtomicU64,
     /// Told when the table grows past a number of nodes (see [`InodeTable::watch`]).
-    watcher: std::sync::OnceLock<(usize, crossbeam_channel::Sender<()>)>,
-    /// Whether the table holds more nodes than the watcher's number (see
-    /// [`InodeTable::crowded`]); changed only under the maps' write lock.
+    watcher: std::sync::OnceLock<Watcher>,
+    /// Whether the table has grown past the watcher's high mark and not yet shrunk to its
+    /// low one (see [`InodeTable::crowded`]); changed only under the maps' write lock.
     crowded: AtomicBool,
     /// The filesystems whose inode numbers become node numbers.
     local_dev: u64,
@@ -202,7 +210,7 @@ impl InodeTable {
                 used: AtomicU64::new(self.tick()),
             },
         );
-        if let Some((high, tell)) = self.watcher.get() {
+        if let Some(Watcher { high, tell, .. }) = self.watcher.get() {
             if maps.nodes.len() > *high {
                 self.crowded.store(true, Ordering::Relaxed);
                 let _ = tell.try_send(());
@@ -211,14 +219,15 @@ impl InodeTable {
         node
     }
 
-    /// Has `tell` told (without waiting) whenever a node is added past `high` nodes.
-    pub fn watch(&self, high: usize, tell: crossbeam_channel::Sender<()>) {
-        let _ = self.watcher.set((high, tell));
+    /// Has `tell` told (without waiting) whenever a node is added past `high` nodes; the
+    /// table is crowded from then until it is down to `low`.
+    pub fn watch(&self, high: usize, low: usize, tell: crossbeam_channel::Sender<()>) {
+        let _ = self.watcher.set(Watcher { high, low, tell });
     }
 
-    /// Whether the table holds more nodes than it is watched for: trimming is under way
-    /// (see `fs::trim`), and a call may find no descriptor free until the kernel has
-    /// forgotten the nodes trimming drops.
+    /// Whether the table grew past the high mark it is watched for and is not yet down to
+    /// the low one: trimming is under way (see `fs::trim`), and a call may find no
+    /// descriptor free until the kernel has forgotten the nodes trimming drops.
     pub fn crowded(&self) -> bool {
         self.crowded.load(Ordering::Relaxed)
     }
@@ -245,8 +254,8 @@ impl InodeTable {
             let Some(slot) = maps.nodes.remove(&ino) else {
                 return;
             };
-            if let Some((high, _)) = self.watcher.get() {
-                if maps.nodes.len() <= *high {
+            if let Some(Watcher { low, .. }) = self.watcher.get() {
+                if maps.nodes.len() <= *low {
                     self.crowded.store(false, Ordering::Relaxed);
                 }
             }
