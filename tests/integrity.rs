@@ -1907,9 +1907,9 @@ fn assert_within_limit(pid: u32, limit: u64) {
 /// eight writers make new names as fast as they can with a limit low enough that they
 /// outrun trimming (without the wait, most runs failed).
 ///
-/// Ignored in CI: about one run in seven still fails, when the trim thread blocks on a
-/// directory the kernel locked for a request the daemon has not read yet (README,
-/// limitations). Run it with `--ignored`.
+/// Ignored in CI: about one run in seven (run beside the other trimming tests) still meets
+/// `EMFILE`, for a cause not pinned down yet; README's limitations name one that can. Run
+/// it with `--ignored`.
 #[test]
 #[ignore = "about one run in seven still meets EMFILE; see its doc comment"]
 fn a_burst_of_new_names_waits_for_trimming_instead_of_failing() {
