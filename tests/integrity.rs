@@ -1133,7 +1133,6 @@ fn unprivileged_writes_clear_set_group_id_as_on_the_host() {
 #[test]
 fn unprivileged_writes_clear_set_id_bits_inside_a_quota_root() {
     let m = Mount::new();
-    m.wait_for_control();
     let _w = Watchdog::of(&m, 60);
     let host = reference_dir();
     let q = m.path("overlay/q");
@@ -1274,7 +1273,6 @@ fn deleting_and_renaming_work_in_a_full_quota_root() {
             .join("diff/usr/share");
         fs::create_dir(share.join("empty")).unwrap();
     });
-    m.wait_for_control();
     let _w = Watchdog::of(&m, 120);
     let cid = "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00";
     let rel = format!("overlay/{cid}");
@@ -1462,7 +1460,6 @@ fn quota_limit(p: &Path) -> Option<String> {
 #[test]
 fn quota_changes_need_cap_sys_admin() {
     let m = Mount::new();
-    m.wait_for_control();
     let _w = Watchdog::of(&m, 60);
     let dir = m.path("overlay/q");
     fs::create_dir(&dir).unwrap();

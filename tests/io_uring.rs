@@ -97,7 +97,12 @@ fn exercise(m: &Mount, ring: bool) {
         "through /dev/fuse"
     };
     let text = String::from_utf8_lossy(&status.stdout);
-    assert!(text.contains(want), "layerfs status says:\n{text}");
+    assert!(
+        text.contains(want),
+        "layerfs status ({}) says:\n{text}{}",
+        status.status,
+        String::from_utf8_lossy(&status.stderr)
+    );
 
     // Served in place, one request at a time: each is a wait of a queue thread.
     let work = m.path("overlay/ring");

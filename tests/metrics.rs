@@ -14,15 +14,13 @@ use common::*;
 use serde_json::Value;
 
 fn metrics_mount() -> Mount {
-    let m = Mount::with(
+    Mount::with(
         Options {
             opts: "metrics=127.0.0.1:0".into(),
             ..Options::default()
         },
         |_| {},
-    );
-    m.wait_for_control();
-    m
+    )
 }
 
 fn layerfs(args: &[&str], m: &Mount) -> String {

@@ -161,15 +161,8 @@ fn used_until(m: &Mount, rel: &str, what: &str, ok: impl Fn(u64) -> bool) -> u64
     }
 }
 
-/// A fixture mount whose control socket is up.
-fn mount_with(opts: Options, prepare: impl FnOnce(&Path)) -> Mount {
-    let m = Mount::with(opts, prepare);
-    m.wait_for_control();
-    m
-}
-
 fn mount() -> Mount {
-    mount_with(Options::default(), |_| {})
+    Mount::new()
 }
 
 /// Makes `overlay/<name>` and gives it a quota of `size`; its path in the view.
@@ -295,7 +288,7 @@ fn c_path(p: &Path) -> CString {
 
 /// `dd if=/dev/zero bs=1M` into an 8 MiB root stops with ENOSPC after about the room there was.
 fn dd_until_full(opts: Options) {
-    let m = mount_with(opts, |_| {});
+    let m = Mount::with(opts, |_| {});
     let c1 = root(&m, "c1", "8M", &[]);
     let before = get(&m, "overlay/c1");
     assert_eq!(before.limit, 8 * MIB);
@@ -408,7 +401,7 @@ fn a_zero_limit_allows_no_data() {
 
 #[test]
 fn edquot_instead_of_enospc_with_the_mount_option() {
-    let m = mount_with(
+    let m = Mount::with(
         Options {
             opts: "quota_errno=edquot".into(),
             ..Default::default()
@@ -760,7 +753,7 @@ fn open_and_write_fails(what: &str, p: &Path, opts: &fs::OpenOptions, want: i32)
 
 #[test]
 fn a_64_mib_remote_file_does_not_copy_up_into_an_8_mib_quota() {
-    let m = mount_with(Options::default(), big_remote);
+    let m = Mount::with(Options::default(), big_remote);
     let rel = l1_diff_rel();
     let q = set_remote_root(&m, &rel, "8M");
     assert_eq!(q.limit, 8 * MIB);
@@ -844,7 +837,7 @@ fn a_reader_from_before_the_copy_up_does_not_charge_the_remote_file() {
             opts: opts.into(),
             ..Options::default()
         };
-        let m = mount_with(options, big_remote);
+        let m = Mount::with(options, big_remote);
         let rel = l1_diff_rel();
         set_remote_root(&m, &rel, "100M");
         let view = m.path(&rel).join("big.bin");
@@ -867,7 +860,7 @@ fn a_reader_from_before_the_copy_up_does_not_charge_the_remote_file() {
 
 #[test]
 fn o_trunc_of_a_big_remote_file_in_a_small_quota_copies_no_data() {
-    let m = mount_with(Options::default(), big_remote);
+    let m = Mount::with(Options::default(), big_remote);
     let rel = l1_diff_rel();
     set_remote_root(&m, &rel, "8M");
     let view = m.path(&rel).join("big.bin");
@@ -1715,7 +1708,6 @@ fn cli_get_right_after_a_remount() {
     write_file(&c1.join("f"), MIB as usize, 1);
     let before = get(&m, "overlay/c1");
     m.remount(&Options::default());
-    m.wait_for_control();
     // Nothing has looked `overlay/c1` up through the new mount yet.
     assert_eq!(get(&m, "overlay/c1"), before);
     assert_eq!(set(&m, "overlay/c1", "16M", &[]).limit, 16 * MIB);
@@ -1735,7 +1727,6 @@ fn remount_keeps_limit_and_usage() {
     assert_eq!(before.len(), 2);
 
     m.remount(&Options::default());
-    m.wait_for_control();
     assert_eq!(list(&m), before, "limits and usage after a remount");
     assert_eq!(xattr_limit(&c1).unwrap(), 8 * MIB);
     // Still enforced.
@@ -1799,7 +1790,6 @@ fn a_wide_root_is_counted_at_mount_with_few_descriptors() {
     let (mounted, err) = mount_with_few_descriptors(&m);
     assert!(mounted, "{err}");
     m.mount(&Options::default());
-    m.wait_for_control();
     assert_eq!(list(&m), before);
     assert_usage_matches_local(&m, "overlay/c1");
 }
@@ -1823,7 +1813,6 @@ fn a_root_that_cannot_be_counted_at_mount_keeps_its_quota() {
     );
 
     m.mount(&Options::default());
-    m.wait_for_control();
     assert_eq!(
         list(&m),
         before,
@@ -1894,7 +1883,7 @@ impl Drop for Immutable {
 #[test]
 fn a_quota_change_that_cannot_be_saved_is_not_made() {
     let mut tmpfs = LocalFs::default();
-    let mut m = mount_with(Options::default(), |remote| {
+    let mut m = Mount::with(Options::default(), |remote| {
         tmpfs.tmpfs(&local_beside(remote), "size=64m,mode=755")
     });
     root(&m, "c1", "8M", &[]);
@@ -1924,7 +1913,6 @@ fn a_quota_change_that_cannot_be_saved_is_not_made() {
         expect(&m, "after the failed changes");
     }
     m.remount(&Options::default());
-    m.wait_for_control();
     expect(&m, "after a remount");
 }
 
@@ -1936,7 +1924,7 @@ fn a_quota_change_that_cannot_be_saved_is_not_made() {
 #[test]
 fn a_directory_rename_does_not_wait_for_the_registry_to_reach_the_disk() {
     let mut ext4 = LocalFs::default();
-    let m = mount_with(Options::default(), |remote| {
+    let m = Mount::with(Options::default(), |remote| {
         ext4.ext4(&local_beside(remote), 64)
     });
     root(&m, "c1", "10M", &[]);
@@ -1972,7 +1960,7 @@ fn a_directory_rename_does_not_wait_for_the_registry_to_reach_the_disk() {
 #[test]
 fn a_root_cleared_twice_at_once_is_cleared_once() {
     let mut ext4 = LocalFs::default();
-    let m = mount_with(Options::default(), |remote| {
+    let m = Mount::with(Options::default(), |remote| {
         ext4.ext4(&local_beside(remote), 64)
     });
     root(&m, "c1", "10M", &[]);
@@ -2322,7 +2310,6 @@ fn exchanging_a_root_with_a_plain_directory_keeps_its_quota_across_a_remount() {
     let after = assert_usage_matches_local(&m, "overlay/b");
 
     m.remount(&Options::default());
-    m.wait_for_control();
     let q = get(&m, "overlay/b");
     assert_eq!(q.limit, 4 * MIB, "the limit after a remount");
     assert_eq!(q.used, after.used, "the usage after a remount");

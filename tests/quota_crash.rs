@@ -36,15 +36,12 @@ fn num(v: &Value, k: &str) -> u64 {
 }
 
 fn mount() -> Mount {
-    let m = Mount::new();
-    m.wait_for_control();
-    m
+    Mount::new()
 }
 
 fn remount_after_kill(m: &mut Mount) {
     m.kill_daemon();
     m.mount(&Options::default());
-    m.wait_for_control();
     look_up_roots(m);
 }
 
@@ -217,7 +214,6 @@ fn usage_is_recomputed_when_local_changed_while_unmounted() {
     fs::remove_file(local_c1.join("f")).unwrap();
     fs::write(local_c1.join("g"), pattern(MIB as usize, 2)).unwrap();
     m.mount(&Options::default());
-    m.wait_for_control();
     look_up_roots(&m);
     let q = assert_recomputed(&m, "overlay/c1");
     assert_eq!(num(&q, "limit"), 8 * MIB);

@@ -563,16 +563,9 @@ fn on_demand() -> Options {
     }
 }
 
-/// A fixture mount whose rounds run only on demand, with its control socket up.
+/// A fixture mount whose rounds run only on demand.
 fn mount() -> Mount {
-    let m = Mount::with(on_demand(), |_| {});
-    wait_for_socket(&m);
-    m
-}
-
-fn wait_for_socket(m: &Mount) {
-    let socket = layerfs::control::socket_path(&fs::canonicalize(&m.mnt).unwrap());
-    eventually(10, "the control socket is up", || socket.exists());
+    Mount::with(on_demand(), |_| {})
 }
 
 /// `layerfs refresh --json`: runs a round, which must succeed; returns its report.
@@ -1680,7 +1673,6 @@ fn objects_removed_while_unmounted_are_gone_after_remount() {
         concat([x.remove(), top.remove(), y.remove(), base.remove()]),
     );
     m.mount(&on_demand());
-    wait_for_socket(&m);
     expect_view(&m, &layers, &images, &[]);
     let s = status(&m);
     for l in layers {

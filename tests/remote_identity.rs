@@ -11,15 +11,13 @@ use common::*;
 use serde_json::Value;
 
 fn on_demand() -> Mount {
-    let m = Mount::with(
+    Mount::with(
         Options {
             opts: "refresh=0".into(),
             ..Options::default()
         },
         |_| {},
-    );
-    m.wait_for_control();
-    m
+    )
 }
 
 fn status(m: &Mount) -> Value {
@@ -175,7 +173,6 @@ fn an_unmounted_share_is_unhealthy_even_over_a_populated_directory() {
         },
     );
     let _share = Share(m.remote.clone());
-    m.wait_for_control();
     let (ok, report) = refresh(&m, &[]);
     assert!(ok, "{report}");
     detach(&m.remote);

@@ -9,6 +9,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -252,6 +253,30 @@ fn wait_for_mount(mnt: &Path, mut child: Option<&mut Child>) {
         assert!(Instant::now() < deadline, "mount did not come up");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A foreground daemon shows its FUSE mount a moment before its control server starts;
+    // a test that asks `layerfs status` right away must find it.
+    let socket = control_socket(mnt);
+    while UnixStream::connect(&socket).is_err() {
+        if let Some(c) = child.as_deref_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                panic!("layerfs exited before serving its control socket: {status}");
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "control socket {} did not come up",
+            socket.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The control socket of the mount at `mnt`. Only the parent is made canonical: the
+/// mountpoint itself is the mount's root, which a stalled remote may keep from answering.
+fn control_socket(mnt: &Path) -> PathBuf {
+    let parent = fs::canonicalize(mnt.parent().expect("a mountpoint has a parent"))
+        .expect("canonical parent of the mountpoint");
+    layerfs::control::socket_path(&parent.join(mnt.file_name().expect("a named mountpoint")))
 }
 
 /// `cp -a`, keeping modes, links and times.
@@ -750,16 +775,6 @@ impl Mount {
             }
         }
         self.mounted = false;
-    }
-
-    /// Waits (bounded) until the mount's control socket exists: a foreground mount shows up
-    /// in the mount table a moment before its control server starts.
-    pub fn wait_for_control(&self) {
-        let mnt = fs::canonicalize(&self.mnt).expect("canonical mountpoint");
-        let socket = layerfs::control::socket_path(&mnt);
-        eventually(10, &format!("control socket {}", socket.display()), || {
-            std::os::unix::net::UnixStream::connect(&socket).is_ok()
-        });
     }
 }
 
