@@ -375,6 +375,49 @@ fn a_0_0_device_made_in_a_shared_area_is_a_real_entry() {
     gone("unlinked, after a remount");
 }
 
+/// A directory made where nothing lies below (a container's own layer, say) may hold 0/0
+/// devices that are plain entries there. Moved whole into a shared layer, where a 0/0 device
+/// is taken for a whiteout unless marked, it keeps every one of them, at any depth, and
+/// those made in it after the move.
+#[test]
+fn a_directory_moved_into_a_shared_area_keeps_its_0_0_devices() {
+    let mut m = Mount::new();
+    let w = Watchdog::of(&m, 120);
+    let scratch = m.path("overlay/scratch");
+    let deep = scratch.join("tree/a/b");
+    fs::create_dir_all(&deep).unwrap();
+    mknod_0_0(&scratch.join("tree/top"), 0o600).expect("mknod top");
+    mknod_0_0(&deep.join("deep"), 0o600).expect("mknod deep");
+    fs::write(deep.join("file"), b"kept").unwrap();
+
+    let moved = m.diff("L1").join("moved");
+    fs::rename(scratch.join("tree"), &moved).expect("rename into the shared layer");
+    // Made while the kernel still holds the moved directory from before the move.
+    mknod_0_0(&moved.join("a/late"), 0o600).expect("mknod late");
+    let check = |when: &str| {
+        let devices = [
+            (moved.clone(), "top"),
+            (moved.join("a/b"), "deep"),
+            (moved.join("a"), "late"),
+        ];
+        for (dir, name) in devices {
+            assert_char_0_0(&dir.join(name), when);
+            assert!(
+                listed(&dir, name),
+                "{when}: {name} is not listed: {:?}",
+                names(&dir)
+            );
+        }
+        assert_eq!(fs::read(moved.join("a/b/file")).unwrap(), b"kept", "{when}");
+    };
+    check("just moved");
+    drop_caches();
+    check("after the kernel forgot them");
+    m.remount(&Options::default());
+    w.follow(&m);
+    check("after a remount");
+}
+
 /// A 0/0 character device that is part of a remote layer shows in the view as what it is,
 /// and stays one when `chmod` copies it up (a copy-up must not turn it into a whiteout that
 /// hides it).

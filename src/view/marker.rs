@@ -14,7 +14,7 @@
 //! wrote, and never confuses our markers with its own.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::sys::stat::{Mode, SFlag};
@@ -61,6 +61,36 @@ pub fn keep_device(fd: BorrowedFd<'_>, st: &Stat) -> Result<(), Errno> {
         return Ok(());
     }
     set_device(fd).map_err(|_| Errno::EPERM)
+}
+
+/// Marks every unmarked 0/0 device below the local directory `dir`, at any depth, a real
+/// device. `dir` is about to move from where nothing lies below to where a whiteout hides
+/// something: each such device was made there as a plain entry, and would read as a
+/// whiteout once moved. Without trusted attributes none can be kept (`EPERM`). Walks with
+/// its own stack, holding a handle per directory found and not yet read: the depth and
+/// width are the caller's.
+pub fn keep_devices_under(dir: BorrowedFd<'_>) -> Result<(), Errno> {
+    let mut pending = Vec::new();
+    keep_devices_in(dir, &mut pending)?;
+    while let Some(sub) = pending.pop() {
+        keep_devices_in(sub.as_fd(), &mut pending)?;
+    }
+    Ok(())
+}
+
+/// Marks the unmarked 0/0 devices of `dir` itself, and adds its subdirectories to `pending`.
+fn keep_devices_in(dir: BorrowedFd<'_>, pending: &mut Vec<OwnedFd>) -> Result<(), Errno> {
+    for entry in store::read_dir(dir)? {
+        let Ok(name) = store::cname(&entry.name) else {
+            continue;
+        };
+        if entry.whiteout && !is_device_at(dir, &name) {
+            set_device(store::open_path_at(dir, &name)?.as_fd()).map_err(|_| Errno::EPERM)?;
+        } else if entry.kind == store::Kind::Dir && !is_reserved_name(name.to_bytes()) {
+            pending.push(store::open_dir_at(dir, &name)?);
+        }
+    }
+    Ok(())
 }
 
 /// Our own attributes, which the view neither shows in local nor lets anyone change.

@@ -155,9 +155,10 @@ impl View {
         caller: Caller,
     ) -> Result<Entry, Errno> {
         let kind = SFlag::from_bits_truncate(mode & libc::S_IFMT);
+        let zero = kind == SFlag::S_IFCHR && rdev == 0;
         // A 0/0 device where a whiteout would hide something is marked as a real device
         // before it takes its name, so that it is never, even for a moment, a whiteout.
-        let device = kind == SFlag::S_IFCHR && rdev == 0 && parent.zone.has_below();
+        let device = zero && parent.zone.has_below();
         let (entry, ()) =
             self.place_new(parent, name, Kind::from_mode(mode), device, |dir, at| {
                 creds::run_as(caller.acting(), || {
@@ -174,6 +175,12 @@ impl View {
                         // Without trusted attributes there is no telling it from a whiteout:
                         // refuse it, as kernel overlayfs refuses every such device.
                         marker::set_device(fd.as_fd()).map_err(|_| Errno::EPERM)?;
+                    } else if zero {
+                        // Needed only if its directory ever moves where something lies
+                        // below, which a node's zone, fixed when the kernel first looked it
+                        // up, may not show yet: without the mark it would be a whiteout
+                        // there once the kernel forgets it.
+                        let _ = marker::set_device(fd.as_fd());
                     }
                     give_to_caller(fd.as_fd(), caller, dir, mode, Kind::from_mode(mode))
                 });
@@ -360,9 +367,9 @@ impl View {
             .plan_move(&src.node, &parent, &new_parent, exchanged)?;
         let src_dir = parent.dir_fds().local.ok_or(Errno::ESTALE)?;
         let dst_dir = self.ensure_local_dir(&new_parent)?;
-        self.keep_device_moving(&src.node, &new_parent)?;
+        self.keep_devices_moving(&src.node, &new_parent)?;
         if let Some(dst) = dst.as_ref().filter(|_| exchange) {
-            self.keep_device_moving(&dst.node, &parent)?;
+            self.keep_devices_moving(&dst.node, &parent)?;
         }
         let dst_root = self.quota().under(&new_parent);
         let dst_before = match dst_root.is_none() {
@@ -489,13 +496,24 @@ impl View {
     }
 
     /// Marks `node`, moving into `to`, a real device if it needs to be (see
-    /// [`marker::keep_device`]).
-    fn keep_device_moving(&self, node: &Node, to: &Node) -> Result<(), Errno> {
-        if node.kind != Kind::CharDev || !to.zone.has_below() {
+    /// [`marker::keep_device`]); a directory coming from where nothing lies below, every
+    /// device inside it ([`marker::keep_devices_under`]). Where something lies below, an
+    /// unmarked 0/0 device is a whiteout, and stays one.
+    fn keep_devices_moving(&self, node: &Node, to: &Node) -> Result<(), Errno> {
+        if !to.zone.has_below() {
             return Ok(());
         }
-        let object = node.object().ok_or(Errno::ESTALE)?;
-        marker::keep_device(object.as_fd(), &store::stat_fd(object.as_fd())?)
+        match node.kind {
+            Kind::CharDev => {
+                let object = node.object().ok_or(Errno::ESTALE)?;
+                marker::keep_device(object.as_fd(), &store::stat_fd(object.as_fd())?)
+            }
+            Kind::Dir if !node.zone.has_below() => {
+                let local = node.dir_fds().local.ok_or(Errno::ESTALE)?;
+                marker::keep_devices_under(local.as_fd())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Gets a renamed object ready to move within local: non-directories are copied up,
