@@ -1484,9 +1484,15 @@ fn temps_under(root: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// A server whose `PATH` finds, under the name `tool`, the script `wrap` writes around the
-/// real tool (whose path it is given) first: the script is kept in `tools`.
-fn server_wrapping(tools: &Path, tool: &str, wrap: impl FnOnce(&str) -> String) -> Server {
+/// A server (started with `extra` arguments) whose `PATH` finds, under the name `tool`, the
+/// script `wrap` writes around the real tool (whose path it is given) first: the script is
+/// kept in `tools`.
+fn server_wrapping(
+    tools: &Path,
+    tool: &str,
+    extra: &[&str],
+    wrap: impl FnOnce(&str) -> String,
+) -> Server {
     let real = Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
         .output()
@@ -1505,7 +1511,7 @@ fn server_wrapping(tools: &Path, tool: &str, wrap: impl FnOnce(&str) -> String) 
         tools.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    Server::start_env(&[], &[("PATH", path)])
+    Server::start_env(extra, &[("PATH", path)])
 }
 
 /// A failing `blkid` (here: exit 8, ambiguous signatures) must not make NodePublish format a
@@ -1514,7 +1520,7 @@ fn server_wrapping(tools: &Path, tool: &str, wrap: impl FnOnce(&str) -> String) 
 async fn publish_never_formats_when_blkid_fails() {
     let tools = tempfile::tempdir().unwrap();
     let flag = tools.path().join("fail");
-    let server = server_wrapping(tools.path(), "blkid", |real| {
+    let server = server_wrapping(tools.path(), "blkid", &[], |real| {
         format!(
             "#!/bin/sh\n[ -e '{}' ] && {{ echo 'ambiguous signatures' >&2; exit 8; }}\nexec {real} \"$@\"\n",
             flag.display(),
@@ -1555,7 +1561,7 @@ async fn a_slow_publish_holds_up_only_its_own_volume() {
     let armed = tools.path().join("armed");
     let held = tools.path().join("held");
     let release = tools.path().join("release");
-    let server = server_wrapping(tools.path(), "e2fsck", |real| {
+    let server = server_wrapping(tools.path(), "e2fsck", &[], |real| {
         format!(
             "#!/bin/sh\n\
              if [ -e '{armed}' ] && mkdir '{held}' 2>/dev/null; then\n\
@@ -2176,7 +2182,12 @@ async fn export_survives_sigkill_and_leaves_nothing() {
 /// driver is stopped (`signal`) during the export, then again during the restore. The
 /// restored volume holds the data of before the snapshot, and nothing is left over.
 async fn restore_survives(signal: i32) {
-    let mut server = Server::start_with(&["--image-wait", "1"]);
+    // The export must outlast `--image-wait`, however fast the build: each conversion ends
+    // 3 s after its data is written, so a driver killed meanwhile leaves no writer behind.
+    let tools = tempfile::tempdir().unwrap();
+    let mut server = server_wrapping(tools.path(), "qemu-img", &["--image-wait", "1"], |real| {
+        format!("#!/bin/sh\n{real} \"$@\"\nrc=$?\n[ \"$1\" = convert ] && sleep 3\nexit $rc\n")
+    });
     let mut c = server.clients().await;
     let work = server.path().join("targets");
     let (vol, before) = volume_with_data(&mut c, &server, "pvc-src", 11).await;
