@@ -50,6 +50,8 @@ pub mod node;
 pub mod refresh;
 pub mod roots;
 pub mod route;
+#[cfg(test)]
+mod tests;
 pub mod zone;
 
 use std::collections::HashSet;
@@ -237,12 +239,23 @@ impl View {
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry, Errno> {
         let parent = self.dir(parent)?;
         let c = view_name(name)?;
-        let found = self.resolve(&parent, name, &c, Probe::Open)?;
-        self.materialize(&parent, name, &c, found)
+        let index = self.index();
+        let found = self.resolve(&parent, name, &c, &index, Probe::Open)?;
+        self.materialize(&parent, name, &c, &index, found)
     }
 
-    /// Finds what `name` is in the directory `parent`, without creating a node.
-    fn resolve(&self, parent: &Node, name: &OsStr, c: &CStr, probe: Probe) -> Result<Found, Errno> {
+    /// Finds what `name` is in the directory `parent` by `index`, without creating a node.
+    /// The node is then built ([`Self::materialize`]) by the same index: a refresh round
+    /// swapping the index between the two must not give a node the zone of one index and
+    /// the content of the other, which it would keep for as long as the kernel holds it.
+    fn resolve(
+        &self,
+        parent: &Node,
+        name: &OsStr,
+        c: &CStr,
+        index: &LayoutIndex,
+        probe: Probe,
+    ) -> Result<Found, Errno> {
         let fds = parent.dir_fds();
         if let Some(local) = fds.local() {
             if let Some((fd, st)) = probe_entry(local, c, probe)? {
@@ -252,11 +265,10 @@ impl View {
                 return Ok(Found::Local { fd, st });
             }
         }
-        let index = self.index();
-        if let Some(target) = self.layout.virtual_link(parent.zone, name, &index) {
+        if let Some(target) = self.layout.virtual_link(parent.zone, name, index) {
             return Ok(Found::VirtualLink(target));
         }
-        if let Some((fd, st)) = self.remote_entry(parent, &fds, name, c, &index, probe)? {
+        if let Some((fd, st)) = self.remote_entry(parent, &fds, name, c, index, probe)? {
             return Ok(Found::Remote { fd, st });
         }
         if self.layout.is_skeleton(parent.zone, name) {
@@ -340,13 +352,14 @@ impl View {
             .is_some())
     }
 
-    /// Turns a resolved name into the node the kernel will know it by: the live node of
-    /// its object if there is one, a new node otherwise.
+    /// Turns a name resolved by `index` into the node the kernel will know it by: the live
+    /// node of its object if there is one, a new node otherwise.
     fn materialize(
         &self,
         parent: &Arc<Node>,
         name: &OsStr,
         c: &CStr,
+        index: &LayoutIndex,
         found: Found,
     ) -> Result<Entry, Errno> {
         let known = match &found {
@@ -362,7 +375,7 @@ impl View {
             };
             return Ok(Entry { node, stat });
         }
-        let (new, stat) = self.build(parent, name, c, found)?;
+        let (new, stat) = self.build(parent, name, c, index, found)?;
         let node = self.inodes.hand_out(new);
         node.state().add_alias(parent, name);
         self.remember_skeleton(&node);
@@ -379,9 +392,10 @@ impl View {
         parent: &Arc<Node>,
         name: &OsStr,
         c: &CStr,
+        index: &LayoutIndex,
         found: Found,
     ) -> Result<(NewNode, Option<Stat>), Errno> {
-        let zone = self.layout.child_zone(parent.zone, name, &self.index());
+        let zone = self.layout.child_zone(parent.zone, name, index);
         let fds = parent.dir_fds();
         let (layer, fd, st) = match found {
             Found::VirtualDir | Found::VirtualLink(_) => {
@@ -446,7 +460,7 @@ impl View {
             // A merged directory is numbered after its remote part (its first identity):
             // copying it up changes nothing the kernel sees.
             let below = match merges {
-                true => self.remote_below(parent, name, c)?,
+                true => self.remote_below(parent, name, c, index)?,
                 false => None,
             };
             if let Some((remote_fd, remote_st)) = below {
@@ -495,8 +509,9 @@ impl View {
         parent: &Node,
         name: &OsStr,
         c: &CStr,
+        index: &LayoutIndex,
     ) -> Result<Option<(OwnedFd, Stat)>, Errno> {
-        if !self.layout.remote_visible(parent.zone, name, &self.index()) {
+        if !self.layout.remote_visible(parent.zone, name, index) {
             return Ok(None);
         }
         let Some(remote) = self.remote_dir(parent, &parent.dir_fds())? else {

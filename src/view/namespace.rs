@@ -584,8 +584,9 @@ impl View {
 
     /// The node currently behind `name`, counted for this operation only.
     fn hold(&self, parent: &Arc<Node>, name: &OsStr, c: &CStr) -> Result<Held<'_>, Errno> {
-        let found = self.resolve(parent, name, c, Probe::Stat)?;
-        let entry = self.materialize(parent, name, c, found)?;
+        let index = self.index();
+        let found = self.resolve(parent, name, c, &index, Probe::Stat)?;
+        let entry = self.materialize(parent, name, c, &index, found)?;
         Ok(Held {
             view: self,
             node: entry.node,
@@ -614,7 +615,8 @@ impl View {
             return Err(Errno::EPERM);
         }
         let c = view_name(name)?;
-        match self.resolve(parent, name, &c, Probe::Stat) {
+        let index = self.index();
+        match self.resolve(parent, name, &c, &index, Probe::Stat) {
             Ok(_) => return Err(Errno::EEXIST),
             Err(Errno::ENOENT) => {}
             Err(e) => return Err(e),
@@ -658,8 +660,10 @@ impl View {
             }
             (pin, made)
         };
-        let entered = store::stat_fd(pin.as_fd())
-            .and_then(|st| self.materialize(parent, name, &c, Found::Local { fd: Some(pin), st }));
+        let entered = store::stat_fd(pin.as_fd()).and_then(|st| {
+            let found = Found::Local { fd: Some(pin), st };
+            self.materialize(parent, name, &c, &index, found)
+        });
         let Err(e) = entered else {
             return entered.map(|entry| (entry, made));
         };
