@@ -5,8 +5,10 @@
 //!
 //! A 0/0 character device made *through* the view where a whiteout would hide something
 //! (a runtime's layer content, pjdfstest) is a real entry: it carries `trusted.layerfs.device`
-//! and is never taken for a whiteout. Kernel overlayfs, which refuses such devices, sees one
-//! as a whiteout if it ever mounts local as an upper directory.
+//! and is never taken for a whiteout. Elsewhere one carries it too where local allows, and a
+//! directory moved from elsewhere has its unmarked ones marked: either may come to where a
+//! whiteout hides something. Kernel overlayfs, which refuses such devices, sees one as a
+//! whiteout if it ever mounts local as an upper directory.
 //!
 //! Because those names are ours, `*.overlay.*` attributes written *through* the view are
 //! stored escaped as `*.overlay.overlay.*`, the convention kernel overlayfs uses for nested
