@@ -113,19 +113,22 @@ impl LayerFs {
     }
 
     /// Where a request that opens objects is served: on the remote pool if it may `wait`
-    /// on the remote, on the crowd pool while the inode table is crowded, else here. While
-    /// it is on a pool, the directories the kernel holds for it (`dirs`) are marked held:
-    /// names there wait as long as it does (see `View::held_for`).
+    /// on the remote, on the crowd pool while the inode table is crowded, else here. On the
+    /// crowd pool, the directories the kernel holds for it (`dirs`) are marked held: names
+    /// there wait as long as it does (see `View::held_for`). A directory whose names may
+    /// wait on the remote needs no mark.
     fn opener(&self, wait: bool, dirs: &[u64]) -> (Option<&Pool>, Option<Held>) {
+        if wait {
+            return (Some(&self.pool), None);
+        }
         let view = self.core.view();
-        let pool = if wait {
-            &self.pool
-        } else if view.inodes.crowded() {
-            &self.crowd
-        } else {
+        if !view.inodes.crowded() {
             return (None, None);
-        };
-        (Some(pool), (!dirs.is_empty()).then(|| view.held_for(dirs)))
+        }
+        (
+            Some(&self.crowd),
+            (!dirs.is_empty()).then(|| view.held_for(dirs)),
+        )
     }
 
     /// Whether a request on the open file `fh` may wait on the remote: it was opened there.
@@ -319,8 +322,10 @@ impl Filesystem for LayerFs {
     ) {
         let view = self.core.view();
         let wait = view.object_may_wait(ino.0) || view.name_may_wait(newparent.0, newname);
-        // The kernel holds the new name's directory while the link copies the file up.
         let (pool, held) = self.opener(wait, &[newparent.0]);
+        // The kernel holds the new name's directory, which may be local, while the link
+        // copies the file up from the remote.
+        let held = held.or_else(|| wait.then(|| view.held_for(&[newparent.0])));
         serve!(self, "link", on pool, core => {
             let _held = held;
             core.link(ino, newparent, newname, reply)

@@ -129,18 +129,19 @@ pub fn spawn(
 /// descriptors as the kernel forgets. One more try follows the table's leaving the crowd,
 /// as the last forgotten node closes its handles just after it leaves the table.
 pub fn patiently<T>(view: &View, mut call: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
+    let out_of_descriptors = |r: &Result<T, Errno>| matches!(r, Err(Errno::EMFILE | Errno::ENFILE));
+    let result = call();
+    if !out_of_descriptors(&result) || !pool::on_worker() || !view.inodes.crowded() {
+        return result;
+    }
     let deadline = Instant::now() + PATIENCE;
-    let mut crowded = pool::on_worker() && view.inodes.crowded();
     loop {
+        std::thread::sleep(RETRY);
+        let crowded = view.inodes.crowded();
         let result = call();
-        if !matches!(result, Err(Errno::EMFILE | Errno::ENFILE))
-            || !crowded
-            || Instant::now() >= deadline
-        {
+        if !out_of_descriptors(&result) || !crowded || Instant::now() >= deadline {
             return result;
         }
-        std::thread::sleep(RETRY);
-        crowded = view.inodes.crowded();
     }
 }
 

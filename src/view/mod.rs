@@ -135,6 +135,29 @@ enum Probe {
     Stat,
 }
 
+/// The layout index as one request sees it: read when first needed, then the same for the
+/// rest of the request. A refresh round swapping the index midway must not give a node the
+/// zone of one index and the content of the other, which the node would keep for as long as
+/// the kernel holds it; and a request that never needs the index (a local name the kernel
+/// already knows) does not read it.
+struct IndexOnce<'a> {
+    view: &'a View,
+    index: std::cell::OnceCell<Arc<LayoutIndex>>,
+}
+
+impl<'a> IndexOnce<'a> {
+    fn of(view: &'a View) -> IndexOnce<'a> {
+        IndexOnce {
+            view,
+            index: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn get(&self) -> &LayoutIndex {
+        self.index.get_or_init(|| self.view.index())
+    }
+}
+
 pub struct View {
     pub layout: Layout,
     index: RwLock<Arc<LayoutIndex>>,
@@ -239,21 +262,19 @@ impl View {
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry, Errno> {
         let parent = self.dir(parent)?;
         let c = view_name(name)?;
-        let index = self.index();
+        let index = IndexOnce::of(self);
         let found = self.resolve(&parent, name, &c, &index, Probe::Open)?;
         self.materialize(&parent, name, &c, &index, found)
     }
 
     /// Finds what `name` is in the directory `parent` by `index`, without creating a node.
-    /// The node is then built ([`Self::materialize`]) by the same index: a refresh round
-    /// swapping the index between the two must not give a node the zone of one index and
-    /// the content of the other, which it would keep for as long as the kernel holds it.
+    /// The node is then built ([`Self::materialize`]) by the same index (see [`IndexOnce`]).
     fn resolve(
         &self,
         parent: &Node,
         name: &OsStr,
         c: &CStr,
-        index: &LayoutIndex,
+        index: &IndexOnce,
         probe: Probe,
     ) -> Result<Found, Errno> {
         let fds = parent.dir_fds();
@@ -265,6 +286,7 @@ impl View {
                 return Ok(Found::Local { fd, st });
             }
         }
+        let index = index.get();
         if let Some(target) = self.layout.virtual_link(parent.zone, name, index) {
             return Ok(Found::VirtualLink(target));
         }
@@ -359,7 +381,7 @@ impl View {
         parent: &Arc<Node>,
         name: &OsStr,
         c: &CStr,
-        index: &LayoutIndex,
+        index: &IndexOnce,
         found: Found,
     ) -> Result<Entry, Errno> {
         let known = match &found {
@@ -392,10 +414,10 @@ impl View {
         parent: &Arc<Node>,
         name: &OsStr,
         c: &CStr,
-        index: &LayoutIndex,
+        index: &IndexOnce,
         found: Found,
     ) -> Result<(NewNode, Option<Stat>), Errno> {
-        let zone = self.layout.child_zone(parent.zone, name, index);
+        let zone = self.layout.child_zone(parent.zone, name, index.get());
         let fds = parent.dir_fds();
         let (layer, fd, st) = match found {
             Found::VirtualDir | Found::VirtualLink(_) => {
@@ -460,7 +482,7 @@ impl View {
             // A merged directory is numbered after its remote part (its first identity):
             // copying it up changes nothing the kernel sees.
             let below = match merges {
-                true => self.remote_below(parent, name, c, index)?,
+                true => self.remote_below(parent, name, c, index.get())?,
                 false => None,
             };
             if let Some((remote_fd, remote_st)) = below {
@@ -564,14 +586,14 @@ impl View {
             *had = attrs;
             changed
         };
-        if changed.is_empty() {
-            return Vec::new();
-        }
-        self.inodes
-            .live()
+        changed
             .into_iter()
-            .filter(|n| n.is_dir() && n.layer() == Layer::Virtual && changed.contains(&n.zone))
-            .map(|n| n.ino)
+            .flat_map(|zone| self.layout_dir_inos(zone))
+            .filter(|&ino| {
+                self.inodes
+                    .get(ino)
+                    .is_some_and(|n| n.layer() == Layer::Virtual)
+            })
             .collect()
     }
 

@@ -22,7 +22,7 @@ use nix::unistd::{Gid, Uid, UnlinkatFlags};
 
 use super::copyup::{temp_name, Room};
 use super::node::{Layer, Node};
-use super::{marker, names, view_name, Caller, Entry, Found, Probe, Stat, View};
+use super::{marker, names, view_name, Caller, Entry, Found, IndexOnce, Probe, Stat, View};
 use crate::quota::{Accounting, Allocated, Charge, Gone, Need};
 use crate::store::{self, creds, Kind};
 
@@ -584,7 +584,7 @@ impl View {
 
     /// The node currently behind `name`, counted for this operation only.
     fn hold(&self, parent: &Arc<Node>, name: &OsStr, c: &CStr) -> Result<Held<'_>, Errno> {
-        let index = self.index();
+        let index = IndexOnce::of(self);
         let found = self.resolve(parent, name, c, &index, Probe::Stat)?;
         let entry = self.materialize(parent, name, c, &index, found)?;
         Ok(Held {
@@ -615,7 +615,7 @@ impl View {
             return Err(Errno::EPERM);
         }
         let c = view_name(name)?;
-        let index = self.index();
+        let index = IndexOnce::of(self);
         match self.resolve(parent, name, &c, &index, Probe::Stat) {
             Ok(_) => return Err(Errno::EEXIST),
             Err(Errno::ENOENT) => {}

@@ -23,14 +23,20 @@ fn fixture_view(local: &Path) -> View {
 fn a_node_is_built_by_the_index_its_name_was_found_with() {
     let tmp = tempfile::tempdir().unwrap();
     let view = fixture_view(tmp.path());
-    let index = view.index();
-    let id = index.layers().next().expect("a ready layer").id.clone();
+    let id = view
+        .index()
+        .layers()
+        .next()
+        .expect("a ready layer")
+        .id
+        .clone();
     let driver = view.lookup(ROOT_INO, OsStr::new("overlay")).unwrap().node;
     let ro = view.lookup(driver.ino, OsStr::new("RO")).unwrap().node;
     assert_eq!(ro.zone, Zone::DriverRo);
 
     let name = OsStr::new(&*id);
     let c = cname(name).unwrap();
+    let index = IndexOnce::of(&view);
     let found = view.resolve(&ro, name, &c, &index, Probe::Open).unwrap();
     assert!(
         matches!(found, Found::Remote { .. }),
