@@ -93,6 +93,21 @@ fn mknod_0_0(path: &Path, perm: u32) -> std::io::Result<()> {
     check(unsafe { libc::mknod(p.as_ptr(), libc::S_IFCHR | perm, libc::makedev(0, 0)) }).map(|_| ())
 }
 
+/// `renameat2(from, to, RENAME_WHITEOUT)`: the rename that leaves a 0/0 device behind.
+fn rename_whiteout(from: &Path, to: &Path) -> std::io::Result<()> {
+    let (f, t) = (cpath(from), cpath(to));
+    check(unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_WHITEOUT,
+        )
+    })
+    .map(|_| ())
+}
+
 fn errname(n: i32) -> String {
     std::io::Error::from_raw_os_error(n).to_string()
 }
@@ -378,7 +393,7 @@ fn a_0_0_device_made_in_a_shared_area_is_a_real_entry() {
 /// A directory made where nothing lies below (a container's own layer, say) may hold 0/0
 /// devices that are plain entries there. Moved whole into a shared layer, where a 0/0 device
 /// is taken for a whiteout unless marked, it keeps every one of them, at any depth, and
-/// those made in it after the move.
+/// those made in it after the move: by `mknod`, or left behind by a `RENAME_WHITEOUT`.
 #[test]
 fn a_directory_moved_into_a_shared_area_keeps_its_0_0_devices() {
     let mut m = Mount::new();
@@ -392,13 +407,17 @@ fn a_directory_moved_into_a_shared_area_keeps_its_0_0_devices() {
 
     let moved = m.diff("L1").join("moved");
     fs::rename(scratch.join("tree"), &moved).expect("rename into the shared layer");
-    // Made while the kernel still holds the moved directory from before the move.
+    // Made while the kernel still holds the moved directory from before the move, which
+    // the kernel's overlayfs would ask of an upper directory it believed empty below.
     mknod_0_0(&moved.join("a/late"), 0o600).expect("mknod late");
+    fs::write(moved.join("a/old"), b"renamed").unwrap();
+    rename_whiteout(&moved.join("a/old"), &moved.join("a/new")).expect("RENAME_WHITEOUT");
     let check = |when: &str| {
         let devices = [
             (moved.clone(), "top"),
             (moved.join("a/b"), "deep"),
             (moved.join("a"), "late"),
+            (moved.join("a"), "old"),
         ];
         for (dir, name) in devices {
             assert_char_0_0(&dir.join(name), when);
@@ -409,6 +428,7 @@ fn a_directory_moved_into_a_shared_area_keeps_its_0_0_devices() {
             );
         }
         assert_eq!(fs::read(moved.join("a/b/file")).unwrap(), b"kept", "{when}");
+        assert_eq!(fs::read(moved.join("a/new")).unwrap(), b"renamed", "{when}");
     };
     check("just moved");
     drop_caches();
@@ -416,6 +436,33 @@ fn a_directory_moved_into_a_shared_area_keeps_its_0_0_devices() {
     m.remount(&Options::default());
     w.follow(&m);
     check("after a remount");
+}
+
+/// `RENAME_WHITEOUT` of a directory onto a name whose remote entry was deleted: the
+/// directory takes the name, and the 0/0 device asked for stays at the old one (the
+/// deletion's whiteout takes that place in local, and must stay).
+#[test]
+fn a_directory_renamed_with_a_whiteout_over_a_deleted_name_leaves_the_device() {
+    let m = Mount::new();
+    let _w = Watchdog::of(&m, 120);
+    let scratch = m.path("overlay/scratch");
+    fs::create_dir_all(scratch.join("d")).unwrap();
+    fs::write(scratch.join("d/file"), b"moved").unwrap();
+    let etc = m.diff("L1").join("etc");
+    fs::remove_file(etc.join("hostname")).expect("delete a remote file");
+    rename_whiteout(&scratch.join("d"), &etc.join("hostname")).expect("RENAME_WHITEOUT");
+    let check = |when: &str| {
+        assert_char_0_0(&scratch.join("d"), when);
+        assert!(listed(&scratch, "d"), "{when}: d is not listed");
+        assert_eq!(
+            fs::read(etc.join("hostname/file")).unwrap(),
+            b"moved",
+            "{when}"
+        );
+    };
+    check("just renamed");
+    drop_caches();
+    check("after the kernel forgot them");
 }
 
 /// A 0/0 character device that is part of a remote layer shows in the view as what it is,

@@ -427,11 +427,12 @@ impl View {
             (dst_dir.as_fd(), new_c.as_c_str()),
         );
         let mut whiteouts_left = 0;
+        let asked_whiteout = flags.contains(RenameFlags::RENAME_WHITEOUT);
         if dst_whiteout && src.node.is_dir() {
             // A directory cannot replace a whiteout: the two trade places, and the whiteout
-            // stays on the old name if something is below it.
+            // stays on the old name if something is below it, or the caller asked for one.
             match nix::fcntl::renameat2(from.0, from.1, to.0, to.1, RenameFlags::RENAME_EXCHANGE) {
-                Ok(()) if src_below => whiteouts_left = 1,
+                Ok(()) if src_below || asked_whiteout => whiteouts_left = 1,
                 Ok(()) => nix::unistd::unlinkat(from.0, from.1, UnlinkatFlags::NoRemoveDir)?,
                 // No exchange on this filesystem: the remote entry shows between the steps.
                 Err(Errno::EINVAL) => {
@@ -457,9 +458,16 @@ impl View {
                 }
                 other => other?,
             }
-            if src_below && !exchange || flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            if src_below && !exchange || asked_whiteout {
                 whiteouts_left = 1;
             }
+        }
+        if asked_whiteout {
+            // The device left on request is a plain entry here, marked where local allows
+            // for the reason `mknod` marks one: the directory may have moved where
+            // something lies below since the kernel looked it up.
+            let _ =
+                store::open_path_at(from.0, from.1).and_then(|fd| marker::set_device(fd.as_fd()));
         }
         self.charge_inodes(&parent, whiteouts_left);
         if dst_whiteout {
