@@ -2,10 +2,42 @@
 //! `blkid`, `resize2fs`): arguments are passed as a list, never through a shell.
 
 use std::ffi::OsStr;
+use std::io;
 
 use tokio::process::Command;
 
 use super::error::{CsiError, Result};
+
+/// Makes `cmd` start a tool that is killed when the driver dies, however it dies: a
+/// SIGKILLed driver runs no cleanup, and a conversion left running would go on writing an
+/// image nobody will use. The kernel signals the tool when the *thread* that started it
+/// ends; the driver starts tools on the runtime's workers, which live as long as it does,
+/// or on a thread that waits for the tool.
+pub fn dies_with_driver(cmd: &mut Command) -> &mut Command {
+    // SAFETY: the hook only makes async-signal-safe calls (prctl, getppid).
+    unsafe { cmd.pre_exec(kill_when_orphaned(std::process::id())) }
+}
+
+/// [`dies_with_driver`] for a `std` command.
+pub fn std_dies_with_driver(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: as above.
+    unsafe { cmd.pre_exec(kill_when_orphaned(std::process::id())) }
+}
+
+fn kill_when_orphaned(driver: u32) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
+    move || {
+        // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid have no memory-safety preconditions.
+        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The driver may have died between the fork and the prctl.
+        if u32::try_from(unsafe { libc::getppid() }).ok() != Some(driver) {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(())
+    }
+}
 
 /// Runs `program args…` and returns its stdout; a failure carries the tool's stderr.
 pub async fn run<I, S>(program: &str, args: I) -> Result<String>
@@ -24,7 +56,7 @@ where
 {
     let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     tracing::debug!(program, ?args, "running");
-    let output = Command::new(program)
+    let output = dies_with_driver(&mut Command::new(program))
         .args(&args)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)

@@ -20,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
+use super::command;
 use super::error::{CsiError, Result};
 use super::files::{self, TMP_PREFIX};
 use super::jobs::Cancel;
@@ -150,7 +151,7 @@ pub fn cut_volume(disk: &Path, quiesce: &Quiesce, dest: &Path, cancel: &Cancel) 
 /// `cp` of `disk` to `dest`, killed (and waited for, so that it writes nothing afterwards)
 /// when `cancel` is set.
 fn copy(disk: &Path, dest: &Path, cancel: &Cancel) -> Result<()> {
-    let mut child = Command::new("cp")
+    let mut child = command::std_dies_with_driver(&mut Command::new("cp"))
         .arg("--sparse=always")
         .arg("--reflink=auto")
         .arg(disk)

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::command::run;
+use super::command::{self, run};
 use super::error::{CsiError, Result};
 
 pub const RAW: &str = "raw";
@@ -41,7 +41,7 @@ pub async fn convert_with_progress(
     mut progress: impl FnMut(f64) + Send,
 ) -> Result<()> {
     use tokio::io::AsyncReadExt;
-    let mut child = tokio::process::Command::new("qemu-img")
+    let mut child = command::dies_with_driver(&mut tokio::process::Command::new("qemu-img"))
         .arg("convert")
         .arg("-p")
         .args(["-f", src_format, "-O", dest_format])

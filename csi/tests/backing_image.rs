@@ -2233,6 +2233,52 @@ async fn restore_survives(signal: i32) {
     assert_no_snapshot_left(&server);
 }
 
+/// A driver killed outright (SIGKILL: no cleanup runs) takes the tools it started with it:
+/// a conversion left running would go on writing an image nobody will use.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_driver_leaves_no_tool_running() {
+    let tools = tempfile::tempdir().unwrap();
+    let pid_file = tools.path().join("convert.pid");
+    let mut server = server_wrapping(tools.path(), "qemu-img", &[], |real| {
+        format!(
+            "#!/bin/sh\n[ \"$1\" = convert ] && {{ echo $$ > '{}'; exec sleep 30; }}\nexec {real} \"$@\"\n",
+            pid_file.display()
+        )
+    });
+    let mut c = server.clients().await;
+    let (vol, _) = volume_with_data(&mut c, &server, "pvc-src", 13).await;
+    c.snapshot(snapshot_req("snap-src", &vol, "qcow2"))
+        .await
+        .expect("CreateSnapshot");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        if let Some(pid) = fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the export never ran qemu-img");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    server.restart(libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Gone, or dead and waiting for whoever adopted it to reap it.
+    let alive = || {
+        fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.starts_with(" Z"))
+        })
+    };
+    while alive() {
+        assert!(
+            Instant::now() < deadline,
+            "qemu-img (pid {pid}) still runs 5 s after its driver was killed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn restore_survives_restarts() {
     restore_survives(libc::SIGKILL).await;
