@@ -55,6 +55,7 @@ use std::time::SystemTime;
 pub use fingerprint::{Fingerprint, Part, Stamp};
 pub use incremental::{ScanFailure, ScanStats, Scanner, RACY_MARGIN};
 pub(crate) use isulad::config_file_name as isulad_config_file_name;
+pub use nofollow::{note_shortage, ran_short};
 
 /// The most parents a layer may have: overlayfs stacks at most this many lower dirs as
 /// iSulad mounts them (`OVERLAY_LAYER_MAX_DEPTH`).

@@ -8,6 +8,7 @@
 //! place of a JSON file cannot hang the scan, and reads are capped so a huge file cannot
 //! exhaust memory.
 
+use std::cell::Cell;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read};
@@ -37,7 +38,16 @@ pub(crate) enum EntryError {
     #[error("larger than the {} MiB read cap", .cap >> 20)]
     TooLarge { cap: u64 },
     #[error("unreadable: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
+}
+
+impl From<io::Error> for EntryError {
+    fn from(e: io::Error) -> Self {
+        if let Some(errno) = e.raw_os_error() {
+            note_shortage(errno);
+        }
+        EntryError::Io(e)
+    }
 }
 
 impl From<Errno> for EntryError {
@@ -48,9 +58,32 @@ impl From<Errno> for EntryError {
             // since every name opened is a single path component.
             Errno::ELOOP => EntryError::Symlink,
             Errno::ENOTDIR => EntryError::NotDirectory,
-            other => EntryError::Io(other.into()),
+            other => io::Error::from(other).into(),
         }
     }
+}
+
+thread_local! {
+    static RAN_SHORT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Notes an error that says this host, not the remote, ran short: of descriptors or of
+/// memory. Every error of a read of the remote passes here (as it becomes an
+/// [`EntryError`]); [`ran_short`] tells.
+pub fn note_shortage(errno: i32) {
+    if matches!(
+        errno,
+        libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS
+    ) {
+        RAN_SHORT.set(true);
+    }
+}
+
+/// Whether this thread ran short since it last asked. A scan that did knows nothing for
+/// sure about the remote: an object it could not open would read as not ready, and leave
+/// the view. It is thrown away whole (see `refresh`).
+pub fn ran_short() -> bool {
+    RAN_SHORT.replace(false)
 }
 
 /// An open directory of the remote tree.

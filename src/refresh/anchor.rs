@@ -48,7 +48,10 @@ pub const LAYOUT_ZONES: [Zone; 5] = [
 impl Anchor {
     /// Opens the remote root at `path` and reads the identities of it and its areas.
     pub fn probe(path: &Path, driver: &str) -> Result<Probed, String> {
-        let fail = |what: &str, e: Errno| format!("remote {what}: {e}");
+        let fail = |what: &str, e: Errno| {
+            crate::layout::note_shortage(e as i32);
+            format!("remote {what}: {e}")
+        };
         let root = open_root(path).map_err(|e| fail("root", e))?;
         let st = store::stat_fd(root.as_fd()).map_err(|e| fail("root", e))?;
         let parent_dev = path

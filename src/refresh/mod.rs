@@ -35,6 +35,12 @@
 //!   rounds fail at once instead of stacking more stuck threads on the dead mount. When it
 //!   returns, the next round scans again, and the first good scan makes the remote healthy.
 //!
+//! A scan that ran short of descriptors or memory on this host (`EMFILE`, `ENOMEM`, …,
+//! anywhere: see [`layout::ran_short`]) fails its round too, but says nothing about the
+//! remote: the view stays as it was (hidden or not), the remote's health does not change,
+//! and the next round judges every object afresh. Taken at its word, such a scan would
+//! drop every object it could not open from the view.
+//!
 //! Each scan also opens the remote root afresh and reads what it is ([`anchor`]): the device
 //! and inode of the root and of the areas. A round whose remote is empty while the view
 //! shows objects fails the same way ("vanished": an unmounted share leaves its empty mount
@@ -75,7 +81,7 @@ use crossbeam_channel::{bounded, never, select, tick, unbounded, Receiver, Sende
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
-use crate::layout::{LayoutIndex, Scanner};
+use crate::layout::{self, LayoutIndex, Scanner};
 use crate::report::{ImageInfo, Kind, LayerInfo, NotReadyRef, RemoteHealth, RoundReport, Status};
 use crate::view::View;
 use anchor::{Anchor, Probed};
@@ -312,7 +318,22 @@ enum Slot {
 
 /// What a scan thread brings back: the source, the remote root it opened (with what it
 /// is) and the scan's result.
-type ScanDone = (Box<dyn Source>, Result<Scanned, String>);
+type ScanDone = (Box<dyn Source>, Result<Scanned, Failure>);
+
+/// Why a round left the view as it was.
+enum Failure {
+    /// The remote failed, or is not to be believed: it is unhealthy.
+    Remote(String),
+    /// This host ran short of descriptors or memory while scanning. Nothing is known of the
+    /// remote, whose health stays as it was; the next round judges every object afresh.
+    Local(String),
+}
+
+impl From<String> for Failure {
+    fn from(error: String) -> Self {
+        Failure::Remote(error)
+    }
+}
 
 /// A scan's result: the new index (`None`: nothing changed) and the remote root as it is now.
 struct Scanned {
@@ -478,7 +499,9 @@ impl Refresher {
     pub fn round(&mut self) -> RoundReport {
         let started = SystemTime::now();
         let clock = Instant::now();
-        let scanned = self.scan().and_then(|scanned| self.accept(scanned));
+        let scanned = self
+            .scan()
+            .and_then(|scanned| self.accept(scanned).map_err(Failure::Remote));
         let (diff, error) = match scanned {
             Ok(None) => {
                 self.set_health(true, None);
@@ -513,7 +536,12 @@ impl Refresher {
                 );
                 (diff, None)
             }
-            Err(error) => {
+            Err(Failure::Local(error)) => {
+                self.force = true;
+                warn!(error = %error, "refresh round could not scan; the view stays as it was");
+                (Diff::default(), Some(error))
+            }
+            Err(Failure::Remote(error)) => {
                 self.force = true;
                 self.set_health(false, Some(error.clone()));
                 let mut diff = Diff::default();
@@ -656,7 +684,7 @@ impl Refresher {
     }
 
     /// Runs the scan on a disposable thread, waiting at most the scan timeout.
-    fn scan(&mut self) -> Result<Scanned, String> {
+    fn scan(&mut self) -> Result<Scanned, Failure> {
         let source = match self.slot.take() {
             Some(Slot::Idle(source)) => source,
             Some(Slot::Busy { rx, since }) => match rx.try_recv() {
@@ -668,12 +696,16 @@ impl Refresher {
                         .unwrap_or_default()
                         .as_secs();
                     self.slot = Some(Slot::Busy { rx, since });
-                    return Err(format!(
+                    return Err(Failure::Remote(format!(
                         "remote not answering: a scan started {secs} s ago has not returned"
-                    ));
+                    )));
                 }
             },
-            None => return Err("no scanner (an earlier scan thread could not start)".into()),
+            None => {
+                return Err(Failure::Local(
+                    "no scanner (an earlier scan thread could not start)".into(),
+                ))
+            }
         };
         let force = self.force;
         let (tx, rx) = bounded::<ScanDone>(1);
@@ -681,16 +713,26 @@ impl Refresher {
             .name("refresh-scan".into())
             .spawn(move || {
                 let mut source = source;
+                layout::ran_short();
                 let result = catch_unwind(AssertUnwindSafe(|| {
                     let probed = source.anchor().transpose()?;
                     let index = source.scan(force)?;
                     Ok(Scanned { index, probed })
                 }))
                 .unwrap_or_else(|_| Err("the scan panicked".to_owned()));
+                let result = match (layout::ran_short(), result) {
+                    (true, Err(e)) => Err(Failure::Local(format!(
+                        "this host ran short of descriptors or memory while scanning: {e}"
+                    ))),
+                    (true, Ok(_)) => Err(Failure::Local(
+                        "this host ran short of descriptors or memory while scanning".into(),
+                    )),
+                    (false, result) => result.map_err(Failure::Remote),
+                };
                 let _ = tx.send((source, result));
             });
         if let Err(e) = worker {
-            return Err(format!("cannot start a scan thread: {e}"));
+            return Err(Failure::Local(format!("cannot start a scan thread: {e}")));
         }
         match rx.recv_timeout(self.options.scan_timeout) {
             Ok((source, result)) => {
@@ -702,10 +744,10 @@ impl Refresher {
                     rx,
                     since: SystemTime::now(),
                 });
-                Err(format!(
+                Err(Failure::Remote(format!(
                     "remote not answering: scan did not finish within {} s",
                     self.options.scan_timeout.as_secs_f64()
-                ))
+                )))
             }
         }
     }

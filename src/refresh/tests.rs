@@ -436,3 +436,72 @@ fn a_short_id_moving_to_another_layer_is_relinked() {
     assert!(diff.relinked.contains(&(ZoneKey::Links, short(1))));
     assert!(diff.relinked.contains(&(ZoneKey::DriverHome, id(1))));
 }
+
+/// Runs the test `name` of this module in a process of its own, with `CHILD_ENV` set: for a
+/// test that must change what is process-wide (the open-file limit).
+fn in_own_process(name: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &format!("refresh::tests::{name}"), "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(CHILD_ENV, "1")
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    assert!(
+        out.status.success() && text(&out.stdout).contains("1 passed"),
+        "{name} in its own process: {}\n{}{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+const CHILD_ENV: &str = "LAYERFS_TEST_OWN_PROCESS";
+
+/// A round that runs out of descriptors knows nothing about the remote: it keeps the view
+/// (even with `hide_unhealthy`) and leaves the remote healthy, and the next round is as if
+/// it never happened. Before, the objects it could not read left the view as not ready, or
+/// the remote root's `EMFILE` made the remote unhealthy and hid it.
+#[test]
+fn a_round_short_of_descriptors_keeps_the_view_and_the_remote_healthy() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return in_own_process(
+            "a_round_short_of_descriptors_keeps_the_view_and_the_remote_healthy",
+        );
+    }
+    let f = fixture();
+    let mut r = refresher(&f, options(true));
+    let handle = r.handle();
+    assert_eq!(r.round().error, None);
+    base_layer(&f.remote, 2);
+    let limit = libc::rlimit {
+        rlim_cur: 256,
+        rlim_max: 256,
+    };
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    let mut hogs = Vec::new();
+    while let Ok(file) = fs::File::open("/dev/null") {
+        hogs.push(file);
+    }
+    let short = r.round();
+    assert!(short.error.is_some(), "the round could not scan");
+    assert!(short.removed.is_empty(), "removed: {:?}", short.removed);
+    assert!(
+        handle.status().remote_health.healthy,
+        "the remote is still healthy"
+    );
+    assert_eq!(
+        (
+            f.view.index().layers().count(),
+            f.view.index().images().count()
+        ),
+        (1, 1)
+    );
+    drop(hogs);
+    let back = r.round();
+    assert_eq!(back.error, None);
+    assert!(back.removed.is_empty(), "removed: {:?}", back.removed);
+    assert_eq!(back.added.len(), 1, "the layer made meanwhile");
+    assert_eq!((back.ready_layers, back.ready_images), (2, 1));
+    assert!(handle.status().remote_health.healthy);
+}
