@@ -1989,19 +1989,14 @@ fn assert_within_limit(pid: u32, limit: u64) {
 
 /// Trimming runs beside the requests that fill the cache, so a burst of new names can use
 /// up the descriptors before the kernel has forgotten the names trimming dropped. A request
-/// that meets the limit then waits for trimming to free descriptors rather than failing:
-/// a `mkdir` or `create` must not fail with `EMFILE` because the daemon keeps handles. Here
+/// that meets the limit then waits for descriptors to be freed rather than failing: a
+/// `mkdir` or `create` must not fail with `EMFILE` because the daemon keeps handles. Here
 /// eight writers make new names as fast as they can with a limit low enough that they
-/// outrun trimming (without the wait, most runs failed).
-///
-/// Ignored in CI: alone, about one run in three still meets `EMFILE`, for two causes (run
-/// it with `--ignored`; README's limitations name both). In two of three failures sampled,
-/// the trim thread sat in the kernel's `fuse_reverse_inval_entry` for the whole 5 s wait:
-/// dropping a name in a directory the kernel had locked for a create that was itself
-/// waiting for a descriptor. In the third, trimming was idle: at this limit, a burst uses
-/// up the descriptors before the table passes the mark where requests start to wait.
+/// outrun trimming. Without the wait, most runs failed. With a wait that ended when the
+/// table left the crowd, one run in three did: the nodes were few by then, but closed
+/// files the kernel had not yet released held the descriptors; and trimming could sit for
+/// the whole wait dropping a name in a directory locked for a create that was waiting.
 #[test]
-#[ignore = "about one run in three still meets EMFILE; see its doc comment"]
 fn a_burst_of_new_names_waits_for_trimming_instead_of_failing() {
     let (_dir, remote, local, mnt) = fixture_trees();
     const NOFILE: u64 = 128;

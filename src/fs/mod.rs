@@ -140,9 +140,9 @@ impl Core {
     }
 
     /// Runs `call`, which opens descriptors, on the view; on a pool's worker it waits for
-    /// trimming to free descriptors if it runs out (see [`trim::patiently`]).
+    /// descriptors to be freed if it runs out (see [`trim::patiently`]).
     fn patiently<T>(&self, call: impl Fn(&View) -> Result<T, Errno>) -> Result<T, Errno> {
-        trim::patiently(&self.view, || call(&self.view))
+        trim::patiently(|| call(&self.view))
     }
 
     fn file(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {

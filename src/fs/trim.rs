@@ -11,21 +11,22 @@
 //! The kernel drops a name only with its directory locked, and a lookup waiting on a
 //! stalled remote holds its directory (shared) for as long as the remote stalls. Names in
 //! directories whose lookups may ask the remote are therefore handed to the notices' queue
-//! near the remote (see `fs::notify`), which such a stall may hold up, while this thread goes
-//! on dropping the names in local directories: local paths keep their descriptors whatever
-//! the remote does. While that queue is held up, a round takes as many more names as it
+//! near the remote (see `fs::notify`), which such a stall may hold up, while threads of this
+//! module go on dropping the names in local directories: local paths keep their descriptors
+//! whatever the remote does. Those threads take one directory each, since a local directory
+//! can be held too: by a create waiting for a descriptor (see [`Droppers`]). While that queue is held up, a round takes as many more names as it
 //! handed it, since those free nothing.
 //!
 //! Trimming runs beside the requests that fill the table, and the kernel forgets what it
 //! drops a little later: a burst of new names can use up the descriptors first. While the
 //! table is crowded (from passing the mark that starts trimming until it is down to the
 //! mark trimming aims at), requests that open objects are served on a pool of their own
-//! (see `fs::dispatch`), and one that finds no descriptor free waits there for trimming to
-//! free some ([`patiently`]) instead of failing with `EMFILE`:
+//! (see `fs::dispatch`), and one that finds no descriptor free waits there for some to be
+//! freed ([`patiently`]) instead of failing with `EMFILE`:
 //! a `mkdir` must not fail because the daemon keeps handles. The FUSE threads never wait
 //! so: they read the FORGETs that free descriptors. The directories the kernel holds for a
 //! request on that pool are marked held from its dispatch (see `View::held_for`), so their
-//! names go to the queue near the remote and this thread never waits on them; whether a
+//! names go to the queue near the remote and no dropping waits on them; whether a
 //! directory is held is asked for each name, just before it is dropped.
 //!
 //! The kernel detaches every mount on or below a name it is told to drop, so the names of
@@ -34,13 +35,15 @@
 //! read from this process's mount table each round; a mount only another mount namespace
 //! sees is not known here.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use fuser::{INodeNo, Notifier};
 use nix::errno::Errno;
+use parking_lot::Mutex;
 use tracing::{debug, warn};
 
 use crate::fs::kernel_mount::FSTYPE;
@@ -74,6 +77,7 @@ pub fn spawn(
     view.inodes.watch(high, low, tell);
     // Opened now: a round is most needed when the daemon has no descriptor left to open it.
     let mut table = mountinfo::Table::open()?;
+    let droppers = Droppers::start(notifier)?;
     let view: Weak<View> = Arc::downgrade(view);
     std::thread::Builder::new()
         .name("trim".into())
@@ -112,35 +116,87 @@ pub fn spawn(
                     names = names.len(),
                     "dropping least used names from the kernel's cache"
                 );
+                let mut local: HashMap<u64, Vec<OsString>> = HashMap::new();
                 for (parent, name) in names {
                     if near(parent) {
                         notices.trim_near_remote(parent, name);
                     } else {
-                        let _ = notifier.inval_entry(INodeNo(parent), &name);
+                        local.entry(parent).or_default().push(name);
                     }
                 }
+                droppers.drop_names(local);
             }
         })
         .map(drop)
 }
 
-/// Runs `call`, which opens descriptors, again while it fails for want of them and the
-/// view's table is crowded, for up to [`PATIENCE`], on a pool's worker: trimming then frees
-/// descriptors as the kernel forgets. One more try follows the table's leaving the crowd,
-/// as the last forgotten node closes its handles just after it leaves the table.
-pub fn patiently<T>(view: &View, mut call: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
+/// Runs `call`, which opens descriptors, again while it fails for want of them, for up to
+/// [`PATIENCE`], on a pool's worker: trimming frees descriptors as the kernel forgets, and
+/// so do the kernel's RELEASEs of closed files, which it sends in the background. The wait
+/// does not end when the table leaves the crowd: the nodes may be few while open files
+/// (closed, but not yet released) hold the descriptors.
+pub fn patiently<T>(mut call: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
     let out_of_descriptors = |r: &Result<T, Errno>| matches!(r, Err(Errno::EMFILE | Errno::ENFILE));
     let result = call();
-    if !out_of_descriptors(&result) || !pool::on_worker() || !view.inodes.crowded() {
+    if !out_of_descriptors(&result) || !pool::on_worker() {
         return result;
     }
     let deadline = Instant::now() + PATIENCE;
     loop {
         std::thread::sleep(RETRY);
-        let crowded = view.inodes.crowded();
         let result = call();
-        if !out_of_descriptors(&result) || !crowded || Instant::now() >= deadline {
+        if !out_of_descriptors(&result) || Instant::now() >= deadline {
             return result;
+        }
+    }
+}
+
+/// Threads that drop names in local directories, one directory's names at a time. A drop
+/// waits for its directory's lock, which the kernel may hold for a request that is itself
+/// waiting for a descriptor (see [`patiently`]): that directory then holds up one thread
+/// and its own names, and the others go on freeing descriptors, which lets the request
+/// finish. A directory whose names are being dropped gets no more until they are.
+struct Droppers {
+    jobs: crossbeam_channel::Sender<(u64, Vec<OsString>)>,
+    /// Directories handed to a thread and not yet done. Lock order: a leaf lock.
+    busy: Arc<Mutex<HashSet<u64>>>,
+}
+
+/// Directories whose names can be being dropped at once.
+const DROPPERS: usize = 8;
+
+impl Droppers {
+    /// Starts the threads; they end once the `Droppers` is dropped and their work done.
+    fn start(notifier: Notifier) -> std::io::Result<Droppers> {
+        let (jobs, queue) = crossbeam_channel::bounded::<(u64, Vec<OsString>)>(DROPPERS);
+        let busy: Arc<Mutex<HashSet<u64>>> = Arc::default();
+        for i in 0..DROPPERS {
+            let (queue, busy, notifier) = (queue.clone(), busy.clone(), notifier.clone());
+            std::thread::Builder::new()
+                .name(format!("trim-drop-{i}"))
+                .spawn(move || {
+                    for (parent, names) in queue {
+                        for name in names {
+                            let _ = notifier.inval_entry(INodeNo(parent), &name);
+                        }
+                        busy.lock().remove(&parent);
+                    }
+                })?;
+        }
+        Ok(Droppers { jobs, busy })
+    }
+
+    /// Hands each directory's names to a thread, skipping directories still being done;
+    /// what finds every thread busy is left for a later round.
+    fn drop_names(&self, names: HashMap<u64, Vec<OsString>>) {
+        for (parent, names) in names {
+            if !self.busy.lock().insert(parent) {
+                continue;
+            }
+            if self.jobs.try_send((parent, names)).is_err() {
+                self.busy.lock().remove(&parent);
+                return;
+            }
         }
     }
 }
