@@ -14,8 +14,9 @@
 //! near the remote (see `fs::notify`), which such a stall may hold up, while threads of this
 //! module go on dropping the names in local directories: local paths keep their descriptors
 //! whatever the remote does. Those threads take one directory each, since a local directory
-//! can be held too: by a create waiting for a descriptor (see [`Droppers`]). While that queue is held up, a round takes as many more names as it
-//! handed it, since those free nothing.
+//! can be held too: by a create waiting for a descriptor (see [`Droppers`]). While that
+//! queue is held up, a round takes as many more names as it handed it, since those free
+//! nothing.
 //!
 //! Trimming runs beside the requests that fill the table, and the kernel forgets what it
 //! drops a little later: a burst of new names can use up the descriptors first. While the
