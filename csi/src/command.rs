@@ -8,21 +8,18 @@ use tokio::process::Command;
 
 use super::error::{CsiError, Result};
 
-/// Makes `cmd` start a tool that is killed when the driver dies, however it dies: a
+/// A command for `program` that is killed when the driver dies, however it dies: a
 /// SIGKILLed driver runs no cleanup, and a conversion left running would go on writing an
 /// image nobody will use. The kernel signals the tool when the *thread* that started it
 /// ends; the driver starts tools on the runtime's workers, which live as long as it does,
-/// or on a thread that waits for the tool.
-pub fn dies_with_driver(cmd: &mut Command) -> &mut Command {
-    // SAFETY: the hook only makes async-signal-safe calls (prctl, getppid).
-    unsafe { cmd.pre_exec(kill_when_orphaned(std::process::id())) }
-}
-
-/// [`dies_with_driver`] for a `std` command.
-pub fn std_dies_with_driver(cmd: &mut std::process::Command) -> &mut std::process::Command {
+/// or on a thread that waits for the tool. Async callers wrap it
+/// (`tokio::process::Command::from`).
+pub fn tool(program: &str) -> std::process::Command {
     use std::os::unix::process::CommandExt;
-    // SAFETY: as above.
-    unsafe { cmd.pre_exec(kill_when_orphaned(std::process::id())) }
+    let mut cmd = std::process::Command::new(program);
+    // SAFETY: the hook only makes async-signal-safe calls (prctl, getppid).
+    unsafe { cmd.pre_exec(kill_when_orphaned(std::process::id())) };
+    cmd
 }
 
 fn kill_when_orphaned(driver: u32) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
@@ -56,7 +53,7 @@ where
 {
     let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     tracing::debug!(program, ?args, "running");
-    let output = dies_with_driver(&mut Command::new(program))
+    let output = Command::from(tool(program))
         .args(&args)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)

@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
@@ -151,7 +151,7 @@ pub fn cut_volume(disk: &Path, quiesce: &Quiesce, dest: &Path, cancel: &Cancel) 
 /// `cp` of `disk` to `dest`, killed (and waited for, so that it writes nothing afterwards)
 /// when `cancel` is set.
 fn copy(disk: &Path, dest: &Path, cancel: &Cancel) -> Result<()> {
-    let mut child = command::std_dies_with_driver(&mut Command::new("cp"))
+    let mut child = command::tool("cp")
         .arg("--sparse=always")
         .arg("--reflink=auto")
         .arg(disk)
@@ -326,6 +326,7 @@ impl Drop for Frozen {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
     use std::sync::mpsc;
 
     /// A fresh ext4 in an image file, mounted through a loop device of its own; unmounted

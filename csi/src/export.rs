@@ -41,7 +41,7 @@ pub async fn convert_with_progress(
     mut progress: impl FnMut(f64) + Send,
 ) -> Result<()> {
     use tokio::io::AsyncReadExt;
-    let mut child = command::dies_with_driver(&mut tokio::process::Command::new("qemu-img"))
+    let mut child = tokio::process::Command::from(command::tool("qemu-img"))
         .arg("convert")
         .arg("-p")
         .args(["-f", src_format, "-O", dest_format])
