@@ -329,12 +329,6 @@ enum Failure {
     Local(String),
 }
 
-impl From<String> for Failure {
-    fn from(error: String) -> Self {
-        Failure::Remote(error)
-    }
-}
-
 /// A scan's result: the new index (`None`: nothing changed) and the remote root as it is now.
 struct Scanned {
     index: Option<LayoutIndex>,
@@ -720,14 +714,13 @@ impl Refresher {
                     Ok(Scanned { index, probed })
                 }))
                 .unwrap_or_else(|_| Err("the scan panicked".to_owned()));
-                let result = match (layout::ran_short(), result) {
-                    (true, Err(e)) => Err(Failure::Local(format!(
-                        "this host ran short of descriptors or memory while scanning: {e}"
+                let result = match layout::ran_short() {
+                    // Whatever the scan made of it: an error names the first casualty.
+                    true => Err(Failure::Local(format!(
+                        "this host ran short of descriptors or memory while scanning{}",
+                        result.err().map(|e| format!(": {e}")).unwrap_or_default()
                     ))),
-                    (true, Ok(_)) => Err(Failure::Local(
-                        "this host ran short of descriptors or memory while scanning".into(),
-                    )),
-                    (false, result) => result.map_err(Failure::Remote),
+                    false => result.map_err(Failure::Remote),
                 };
                 let _ = tx.send((source, result));
             });
