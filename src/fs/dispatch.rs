@@ -2,7 +2,8 @@
 //! may wait on the remote, in which case it goes to the remote pool with its reply, or is an
 //! `fsync` of a local file, which goes to the sync pool (see [`super::pool`]). While the
 //! inode table is crowded, requests that open objects go to the crowd pool, where they may
-//! wait for descriptors (see [`super::trim`]). The `View` says which requests may wait on
+//! wait for descriptors (see [`super::trim`]); one served here that runs out of them goes
+//! there too ([`LayerFs::opening`]). The `View` says which requests may wait on
 //! the remote; [`Core`] serves them.
 
 use std::ffi::OsStr;
@@ -20,7 +21,7 @@ use fuser::{
 
 use super::notify::Notices;
 use super::pool::{Load, Pool};
-use super::{creator, outcome, time, Core, Timeouts, Transport, Who};
+use super::{creator, outcome, time, Core, Handed, Timeouts, Transport, Who};
 use crate::metrics::{FsTables, Metrics};
 use crate::view::attrs::SetAttr;
 use crate::view::route::Held;
@@ -131,6 +132,40 @@ impl LayerFs {
         )
     }
 
+    /// Serves a request that opens objects where [`Self::opener`] says. One served here
+    /// that finds no descriptor free hands its reply back and is served again on the crowd
+    /// pool, where it may wait for one: a FUSE thread must not wait (it reads the FORGETs
+    /// and RELEASEs that free descriptors), and a `mkdir` must not fail because the daemon
+    /// keeps handles. So `serve` may run twice, and owns what it needs.
+    fn opening<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        wait: bool,
+        dirs: &[u64],
+        reply: R,
+        serve: impl Fn(&Core, R) -> Handed<R> + Send + 'static,
+    ) {
+        // On a worker, `serve` always replies.
+        let (pool, held) = self.opener(wait, dirs);
+        if let Some(pool) = pool {
+            return self.on(pool, op, move |core| {
+                let _held = held;
+                let _ = serve(core, reply);
+            });
+        }
+        let start = self.clock();
+        let Err(reply) = serve(&self.core, reply) else {
+            return Self::served(self.metrics.as_deref(), op, start);
+        };
+        let held = (!dirs.is_empty()).then(|| self.core.view().held_for(dirs));
+        let (core, metrics) = (self.core.clone(), self.metrics.clone());
+        self.crowd.run(move || {
+            let _held = held;
+            let _ = serve(&core, reply);
+            Self::served(metrics.as_deref(), op, start);
+        });
+    }
+
     /// Whether a request on the open file `fh` may wait on the remote: it was opened there.
     fn handle_may_wait(&self, fh: FileHandle) -> bool {
         self.core
@@ -146,22 +181,18 @@ impl LayerFs {
 }
 
 /// Serves a request on the calling FUSE thread, or with owned arguments on the remote pool
-/// if it may wait there (or on the pool given with `on`).
+/// if it may wait there. Requests that open objects are served by [`LayerFs::opening`].
 macro_rules! serve {
-    ($fs:ident, $op:literal, on $pool:expr, $core:ident => $call:expr, own { $($name:ident),* }) => {
-        match $pool {
-            Some(pool) => {
-                $(let $name = $name.to_owned();)*
-                $fs.on(pool, $op, move |$core| {
-                    $(let $name = &*$name;)*
-                    $call
-                });
-            }
-            None => $fs.here($op, |$core| $call),
-        }
-    };
     ($fs:ident, $op:literal, $wait:expr, $core:ident => $call:expr, own { $($name:ident),* }) => {
-        serve!($fs, $op, on $wait.then_some(&$fs.pool), $core => $call, own { $($name),* })
+        if $wait {
+            $(let $name = $name.to_owned();)*
+            $fs.on(&$fs.pool, $op, move |$core| {
+                $(let $name = &*$name;)*
+                $call
+            });
+        } else {
+            $fs.here($op, |$core| $call)
+        }
     };
 }
 
@@ -176,11 +207,10 @@ impl Filesystem for LayerFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let wait = self.view_of().name_may_wait(parent.0, name);
-        let (pool, held) = self.opener(wait, &[parent.0]);
-        serve!(self, "lookup", on pool, core => {
-            let _held = held;
-            core.lookup(parent, name, reply)
-        }, own { name });
+        let name = name.to_owned();
+        self.opening("lookup", wait, &[parent.0], reply, move |core, reply| {
+            core.lookup(parent, &name, reply)
+        });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -240,11 +270,10 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        let (pool, held) = self.opener(wait, &[parent.0]);
-        serve!(self, "mknod", on pool, core => {
-            let _held = held;
-            core.mknod(who, parent, name, mode, rdev, reply)
-        }, own { name });
+        let name = name.to_owned();
+        self.opening("mknod", wait, &[parent.0], reply, move |core, reply| {
+            core.mknod(who, parent, &name, mode, rdev, reply)
+        });
     }
 
     fn mkdir(
@@ -258,11 +287,10 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        let (pool, held) = self.opener(wait, &[parent.0]);
-        serve!(self, "mkdir", on pool, core => {
-            let _held = held;
-            core.mkdir(who, parent, name, mode, reply)
-        }, own { name });
+        let name = name.to_owned();
+        self.opening("mkdir", wait, &[parent.0], reply, move |core, reply| {
+            core.mkdir(who, parent, &name, mode, reply)
+        });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -285,11 +313,10 @@ impl Filesystem for LayerFs {
     ) {
         let who = Who::of(req);
         let wait = self.view_of().name_may_wait(parent.0, link_name);
-        let (pool, held) = self.opener(wait, &[parent.0]);
-        serve!(self, "symlink", on pool, core => {
-            let _held = held;
-            core.symlink(who, parent, link_name, target, reply)
-        }, own { link_name, target });
+        let (link_name, target) = (link_name.to_owned(), target.to_owned());
+        self.opening("symlink", wait, &[parent.0], reply, move |core, reply| {
+            core.symlink(who, parent, &link_name, &target, reply)
+        });
     }
 
     fn rename(
@@ -322,20 +349,22 @@ impl Filesystem for LayerFs {
     ) {
         let view = self.core.view();
         let wait = view.object_may_wait(ino.0) || view.name_may_wait(newparent.0, newname);
-        let (pool, held) = self.opener(wait, &[newparent.0]);
         // The kernel holds the new name's directory, which may be local, while the link
-        // copies the file up from the remote.
-        let held = held.or_else(|| wait.then(|| view.held_for(&[newparent.0])));
-        serve!(self, "link", on pool, core => {
-            let _held = held;
-            core.link(ino, newparent, newname, reply)
-        }, own { newname });
+        // copies the file up from the remote; the mark lasts as long as the request.
+        let copying = wait.then(|| view.held_for(&[newparent.0]));
+        let newname = newname.to_owned();
+        self.opening("link", wait, &[newparent.0], reply, move |core, reply| {
+            let _copying = &copying;
+            core.link(ino, newparent, &newname, reply)
+        });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let who = Who::of(req);
-        let (pool, _) = self.opener(self.view_of().object_may_wait(ino.0), &[]);
-        serve!(self, "open", on pool, core => core.open(who, ino, flags, reply), own {});
+        let wait = self.view_of().object_may_wait(ino.0);
+        self.opening("open", wait, &[], reply, move |core, reply| {
+            core.open(who, ino, flags, reply)
+        });
     }
 
     fn read(
@@ -508,11 +537,10 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        let (pool, held) = self.opener(wait, &[parent.0]);
-        serve!(self, "create", on pool, core => {
-            let _held = held;
-            core.create(who, parent, name, mode, flags, reply)
-        }, own { name });
+        let name = name.to_owned();
+        self.opening("create", wait, &[parent.0], reply, move |core, reply| {
+            core.create(who, parent, &name, mode, flags, reply)
+        });
     }
 
     fn fallocate(

@@ -3,9 +3,13 @@
 use super::*;
 
 impl Core {
-    pub(super) fn lookup(&self, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.patiently(|view| view.lookup(parent.0, name)) {
-            Ok(entry) => self.reply_entry(reply, &entry),
+    pub(super) fn lookup(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: ReplyEntry,
+    ) -> Handed<ReplyEntry> {
+        let entry = match self.patiently(|view| view.lookup(parent.0, name)) {
             // A negative entry: the kernel remembers the name is absent. Names appear only
             // through this daemon (which the kernel sees) or a refresh (which invalidates).
             Err(Errno::ENOENT) if !self.timeouts.entry.is_zero() => {
@@ -15,10 +19,13 @@ impl Core {
                     &self.timeouts.entry,
                     &attr::negative(),
                     Generation(0),
-                )
+                );
+                return Ok(());
             }
-            Err(e) => reply.error(errno(e)),
-        }
+            looked => opened!(reply, looked),
+        };
+        self.reply_entry(reply, &entry);
+        Ok(())
     }
 
     pub(super) fn forget(&self, ino: INodeNo, nlookup: u64) {
@@ -76,12 +83,13 @@ impl Core {
         mode: u32,
         rdev: u32,
         reply: ReplyEntry,
-    ) {
-        let entry = tri!(
+    ) -> Handed<ReplyEntry> {
+        let entry = opened!(
             reply,
             self.patiently(|view| view.mknod(parent.0, name, mode, rdev, who))
         );
         self.reply_entry(reply, &entry);
+        Ok(())
     }
 
     pub(super) fn mkdir(
@@ -91,12 +99,13 @@ impl Core {
         name: &OsStr,
         mode: u32,
         reply: ReplyEntry,
-    ) {
-        let entry = tri!(
+    ) -> Handed<ReplyEntry> {
+        let entry = opened!(
             reply,
             self.patiently(|view| view.mkdir(parent.0, name, mode, who))
         );
         self.reply_entry(reply, &entry);
+        Ok(())
     }
 
     pub(super) fn unlink(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -116,13 +125,14 @@ impl Core {
         link_name: &OsStr,
         target: &Path,
         reply: ReplyEntry,
-    ) {
+    ) -> Handed<ReplyEntry> {
         let (target, who) = (target.as_os_str(), caller(req));
-        let entry = tri!(
+        let entry = opened!(
             reply,
             self.patiently(|view| view.symlink(parent.0, link_name, target, who))
         );
         self.reply_entry(reply, &entry);
+        Ok(())
     }
 
     pub(super) fn rename(
@@ -148,12 +158,13 @@ impl Core {
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
-    ) {
-        let entry = tri!(
+    ) -> Handed<ReplyEntry> {
+        let entry = opened!(
             reply,
             self.patiently(|view| view.link(ino.0, newparent.0, newname))
         );
         self.reply_entry(reply, &entry);
+        Ok(())
     }
 
     pub(super) fn statfs(&self, ino: INodeNo, reply: ReplyStatfs) {

@@ -95,9 +95,15 @@ impl Core {
         (fh, grant)
     }
 
-    pub(super) fn open(&self, req: Who, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    pub(super) fn open(
+        &self,
+        req: Who,
+        ino: INodeNo,
+        flags: OpenFlags,
+        reply: ReplyOpen,
+    ) -> Handed<ReplyOpen> {
         let node = tri!(reply, self.view.node(ino.0));
-        let (fd, layer) = tri!(reply, self.patiently(|view| view.open(&node, flags.0)));
+        let (fd, layer) = opened!(reply, self.patiently(|view| view.open(&node, flags.0)));
         // `FUSE_ATOMIC_O_TRUNC`: the kernel leaves the set-ID bits of a truncating open to us.
         if flags.0 & libc::O_TRUNC != 0 && req.uid() != 0 {
             tri!(reply, self.view.drop_privileges(&node, caller(req)));
@@ -112,7 +118,8 @@ impl Core {
             for (parent, name) in self.view.detach(&node) {
                 self.notices.drop_name(parent, name);
             }
-            return reply.error(errno(Errno::ESTALE));
+            reply.error(errno(Errno::ESTALE));
+            return Ok(());
         };
         let (fh, grant) = self.opened(&node, fd, layer, writes, false, granted);
         let fopen = open_flags(&grant);
@@ -123,6 +130,7 @@ impl Core {
             }
             Grant::Cached | Grant::Uncached => reply.opened(FileHandle(fh), fopen),
         }
+        Ok(())
     }
 
     pub(super) fn read(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
@@ -215,8 +223,8 @@ impl Core {
         mode: u32,
         flags: i32,
         reply: ReplyCreate,
-    ) {
-        let (entry, fd) = tri!(
+    ) -> Handed<ReplyCreate> {
+        let (entry, fd) = opened!(
             reply,
             self.patiently(|view| view.create(parent.0, name, mode, flags, who))
         );
@@ -246,6 +254,7 @@ impl Core {
             fopen,
             backing,
         );
+        Ok(())
     }
 
     pub(super) fn fallocate(

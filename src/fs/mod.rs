@@ -140,9 +140,17 @@ impl Core {
     }
 
     /// Runs `call`, which opens descriptors, on the view; on a pool's worker it waits for
-    /// descriptors to be freed if it runs out (see [`trim::patiently`]).
+    /// descriptors to be freed if it runs out (see [`trim::patiently`]), elsewhere it fails
+    /// at once and the handler hands its request back (see `opened!`).
     fn patiently<T>(&self, call: impl Fn(&View) -> Result<T, Errno>) -> Result<T, Errno> {
-        trim::patiently(|| call(&self.view))
+        trim::patiently(|| {
+            let result = call(&self.view);
+            if let Err(Errno::EMFILE | Errno::ENFILE) = result {
+                // However few nodes the table holds, trimming has work to do.
+                self.view.inodes.run_short();
+            }
+            result
+        })
     }
 
     fn file(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
@@ -233,11 +241,45 @@ fn time(t: TimeOrNow) -> Time {
     }
 }
 
+/// What a handler that opens objects returns: `Err` with its reply, unanswered, when it
+/// found no descriptor free on a thread that must not wait for one (see `opened!`).
+type Handed<R> = Result<(), R>;
+
+/// What a handler returns once it has replied.
+trait Replied {
+    fn replied() -> Self;
+}
+
+impl Replied for () {
+    fn replied() {}
+}
+
+impl<R> Replied for Handed<R> {
+    fn replied() -> Self {
+        Ok(())
+    }
+}
+
 macro_rules! tri {
     ($reply:expr, $e:expr) => {
         match $e {
             Ok(v) => v,
-            Err(e) => return $reply.error(errno(e)),
+            Err(e) => {
+                $reply.error(errno(e));
+                return Replied::replied();
+            }
+        }
+    };
+}
+
+/// `tri!` for the call that opens a request's objects ([`Core::patiently`]). Out of
+/// descriptors on a thread that reads requests, the handler hands its reply back, to be
+/// served again on a pool where it may wait for them (see `dispatch`).
+macro_rules! opened {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Err(Errno::EMFILE | Errno::ENFILE) if !pool::on_worker() => return Err($reply),
+            result => tri!($reply, result),
         }
     };
 }

@@ -25,7 +25,10 @@
 //! (see `fs::dispatch`), and one that finds no descriptor free waits there for some to be
 //! freed ([`patiently`]) instead of failing with `EMFILE`:
 //! a `mkdir` must not fail because the daemon keeps handles. The FUSE threads never wait
-//! so: they read the FORGETs that free descriptors. The directories the kernel holds for a
+//! so: they read the FORGETs that free descriptors. One that runs out of descriptors while
+//! the table is not crowded (its nodes are below the mark, but open files, merged
+//! directories and files the kernel has not yet released hold more) marks it crowded and
+//! hands the request to that pool, to be served again there. The directories the kernel holds for a
 //! request on that pool are marked held from its dispatch (see `View::held_for`), so their
 //! names go to the queue near the remote and no dropping waits on them; whether a
 //! directory is held is asked for each name, just before it is dropped.

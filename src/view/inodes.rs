@@ -128,8 +128,9 @@ pub struct InodeTable {
     ticks: AtomicU64,
     /// Told when the table grows past a number of nodes (see [`InodeTable::watch`]).
     watcher: std::sync::OnceLock<Watcher>,
-    /// Whether the table has grown past the watcher's high mark and not yet shrunk to its
-    /// low one (see [`InodeTable::crowded`]); changed only under the maps' write lock.
+    /// Whether the table has grown past the watcher's high mark, or a call ran short of
+    /// descriptors, and it has not yet shrunk to the low one (see [`InodeTable::crowded`]);
+    /// changed only under the maps' write lock.
     crowded: AtomicBool,
     /// The filesystems whose inode numbers become node numbers.
     local_dev: u64,
@@ -223,6 +224,18 @@ impl InodeTable {
     /// table is crowded from then until it is down to `low`.
     pub fn watch(&self, high: usize, low: usize, tell: crossbeam_channel::Sender<()>) {
         let _ = self.watcher.set(Watcher { high, low, tell });
+    }
+
+    /// Marks the table crowded and has its watcher told: a call found no descriptor free.
+    /// Nodes are not the only holders (open files hold one more each, a merged directory
+    /// two), so the descriptors can run out below the high mark; until the table is down
+    /// to the low one, requests that open objects then go where they may wait.
+    pub fn run_short(&self) {
+        if let Some(Watcher { tell, .. }) = self.watcher.get() {
+            let _maps = self.maps.write();
+            self.crowded.store(true, Ordering::Relaxed);
+            let _ = tell.try_send(());
+        }
     }
 
     /// Whether the table grew past the high mark it is watched for and is not yet down to
