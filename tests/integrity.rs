@@ -1876,18 +1876,27 @@ fn a_new_entry_that_runs_out_of_descriptors_leaves_no_name() {
 /// nodes not crowded, so it was not sent where it may wait) is served again where it may wait
 /// for one, instead of failing with `EMFILE`: descriptors may be held by files whose release
 /// the kernel has not sent yet, or by nodes below the mark that starts trimming. Here the
-/// daemon may open nothing for a moment; a lookup, a mkdir and a create made meanwhile all
-/// succeed once it may again.
+/// daemon may open nothing for a moment; a lookup, a mkdir, a create and a listing made
+/// meanwhile all succeed once it may again.
 #[test]
 fn a_request_out_of_descriptors_waits_for_them_instead_of_failing() {
     let (m, pid, _w) = mount_with_a_fresh_dir();
     // Made behind the daemon's back, so that only a LOOKUP finds it.
     fs::write(m.local.join("fresh/behind"), "behind").unwrap();
+    // Looked up, but never listed: only a READDIR opens it.
+    fs::create_dir(m.local.join("fresh/listed")).unwrap();
+    fs::write(m.local.join("fresh/listed/f"), "").unwrap();
+    fs::symlink_metadata(m.path("fresh/listed")).unwrap();
     type Make = fn(&Path) -> std::io::Result<()>;
-    let makes: [(&str, Make); 3] = [
+    let makes: [(&str, Make); 4] = [
         ("behind", |p| fs::symlink_metadata(p).map(drop)),
         ("dir", |p| fs::create_dir(p)),
         ("file", create_new),
+        ("listed", |p| {
+            let names: Vec<_> = fs::read_dir(p)?.collect::<Result<_, _>>()?;
+            assert_eq!(names.len(), 1, "{} lists {names:?}", p.display());
+            Ok(())
+        }),
     ];
     for (name, make) in makes {
         let path = m.path("fresh").join(name);

@@ -30,17 +30,13 @@ impl Core {
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
-    ) {
-        let Some(handle) = self.handles.get(fh.0) else {
-            return reply.error(errno(Errno::EBADF));
-        };
-        let Some(dir) = handle.as_dir() else {
-            return reply.error(errno(Errno::EBADF));
-        };
+    ) -> Handed<ReplyDirectory> {
+        let handle = tri!(reply, self.handles.get(fh.0).ok_or(Errno::EBADF));
+        let dir = tri!(reply, handle.as_dir().ok_or(Errno::EBADF));
         // Offset 0 is an opendir or a rewind: take a fresh listing.
         let entries = if offset == 0 {
             let node = tri!(reply, self.view.node(ino.0));
-            let listing = Arc::new(tri!(reply, self.view.list(&node)));
+            let listing = Arc::new(opened!(reply, self.patiently(|view| view.list(&node))));
             *dir.entries.lock() = listing.clone();
             listing
         } else {
@@ -61,7 +57,8 @@ impl Core {
                 fuser::FileType::Directory,
                 name,
             ) {
-                return reply.ok();
+                reply.ok();
+                return Ok(());
             }
         }
         let skip = (offset as usize).saturating_sub(2);
@@ -71,6 +68,7 @@ impl Core {
             }
         }
         reply.ok();
+        Ok(())
     }
 
     pub(super) fn releasedir(&self, fh: FileHandle, reply: ReplyEmpty) {

@@ -459,7 +459,9 @@ impl Filesystem for LayerFs {
     ) {
         // Only the first call of a listing reads the directory; later ones page through it.
         let wait = offset == 0 && self.view_of().entries_may_wait(ino.0);
-        serve!(self, "readdir", wait, core => core.readdir(ino, fh, offset, reply), own {});
+        self.opening("readdir", wait, &[], reply, move |core, reply| {
+            core.readdir(ino, fh, offset, reply)
+        });
     }
 
     fn releasedir(
