@@ -6,6 +6,7 @@
 //! there too ([`LayerFs::opening`]). The `View` says which requests may wait on
 //! the remote; [`Core`] serves them.
 
+use std::borrow::Borrow;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -136,32 +137,38 @@ impl LayerFs {
     /// that finds no descriptor free hands its reply back and is served again on the crowd
     /// pool, where it may wait for one: a FUSE thread must not wait (it reads the FORGETs
     /// and RELEASEs that free descriptors), and a `mkdir` must not fail because the daemon
-    /// keeps handles. So `serve` may run twice, and owns what it needs.
-    fn opening<R: Send + 'static>(
+    /// keeps handles. So `serve` may run twice; `args` (a name) is copied only for a pool.
+    fn opening<A, R>(
         &self,
         op: &'static str,
         wait: bool,
         dirs: &[u64],
+        args: &A,
         reply: R,
-        serve: impl Fn(&Core, R) -> Handed<R> + Send + 'static,
-    ) {
+        serve: impl Fn(&Core, &A, R) -> Handed<R> + Send + 'static,
+    ) where
+        A: ToOwned + ?Sized,
+        A::Owned: Send + 'static,
+        R: Send + 'static,
+    {
         // On a worker, `serve` always replies.
         let (pool, held) = self.opener(wait, dirs);
         if let Some(pool) = pool {
+            let args = args.to_owned();
             return self.on(pool, op, move |core| {
                 let _held = held;
-                let _ = serve(core, reply);
+                let _ = serve(core, args.borrow(), reply);
             });
         }
         let start = self.clock();
-        let Err(reply) = serve(&self.core, reply) else {
+        let Err(reply) = serve(&self.core, args, reply) else {
             return Self::served(self.metrics.as_deref(), op, start);
         };
         let held = (!dirs.is_empty()).then(|| self.core.view().held_for(dirs));
-        let (core, metrics) = (self.core.clone(), self.metrics.clone());
+        let (core, metrics, args) = (self.core.clone(), self.metrics.clone(), args.to_owned());
         self.crowd.run(move || {
             let _held = held;
-            let _ = serve(&core, reply);
+            let _ = serve(&core, args.borrow(), reply);
             Self::served(metrics.as_deref(), op, start);
         });
     }
@@ -207,10 +214,14 @@ impl Filesystem for LayerFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let wait = self.view_of().name_may_wait(parent.0, name);
-        let name = name.to_owned();
-        self.opening("lookup", wait, &[parent.0], reply, move |core, reply| {
-            core.lookup(parent, &name, reply)
-        });
+        self.opening(
+            "lookup",
+            wait,
+            &[parent.0],
+            name,
+            reply,
+            move |core, name, reply| core.lookup(parent, name, reply),
+        );
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -270,10 +281,14 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        let name = name.to_owned();
-        self.opening("mknod", wait, &[parent.0], reply, move |core, reply| {
-            core.mknod(who, parent, &name, mode, rdev, reply)
-        });
+        self.opening(
+            "mknod",
+            wait,
+            &[parent.0],
+            name,
+            reply,
+            move |core, name, reply| core.mknod(who, parent, name, mode, rdev, reply),
+        );
     }
 
     fn mkdir(
@@ -287,10 +302,14 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        let name = name.to_owned();
-        self.opening("mkdir", wait, &[parent.0], reply, move |core, reply| {
-            core.mkdir(who, parent, &name, mode, reply)
-        });
+        self.opening(
+            "mkdir",
+            wait,
+            &[parent.0],
+            name,
+            reply,
+            move |core, name, reply| core.mkdir(who, parent, name, mode, reply),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -313,10 +332,16 @@ impl Filesystem for LayerFs {
     ) {
         let who = Who::of(req);
         let wait = self.view_of().name_may_wait(parent.0, link_name);
-        let (link_name, target) = (link_name.to_owned(), target.to_owned());
-        self.opening("symlink", wait, &[parent.0], reply, move |core, reply| {
-            core.symlink(who, parent, &link_name, &target, reply)
-        });
+        // The target is copied: symlinks are few, and `opening` copies one name only.
+        let target = target.to_owned();
+        self.opening(
+            "symlink",
+            wait,
+            &[parent.0],
+            link_name,
+            reply,
+            move |core, link_name, reply| core.symlink(who, parent, link_name, &target, reply),
+        );
     }
 
     fn rename(
@@ -352,17 +377,23 @@ impl Filesystem for LayerFs {
         // The kernel holds the new name's directory, which may be local, while the link
         // copies the file up from the remote; the mark lasts as long as the request.
         let copying = wait.then(|| view.held_for(&[newparent.0]));
-        let newname = newname.to_owned();
-        self.opening("link", wait, &[newparent.0], reply, move |core, reply| {
-            let _copying = &copying;
-            core.link(ino, newparent, &newname, reply)
-        });
+        self.opening(
+            "link",
+            wait,
+            &[newparent.0],
+            newname,
+            reply,
+            move |core, newname, reply| {
+                let _copying = &copying;
+                core.link(ino, newparent, newname, reply)
+            },
+        );
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let who = Who::of(req);
         let wait = self.view_of().object_may_wait(ino.0);
-        self.opening("open", wait, &[], reply, move |core, reply| {
+        self.opening("open", wait, &[], &(), reply, move |core, (), reply| {
             core.open(who, ino, flags, reply)
         });
     }
@@ -459,7 +490,7 @@ impl Filesystem for LayerFs {
     ) {
         // Only the first call of a listing reads the directory; later ones page through it.
         let wait = offset == 0 && self.view_of().entries_may_wait(ino.0);
-        self.opening("readdir", wait, &[], reply, move |core, reply| {
+        self.opening("readdir", wait, &[], &(), reply, move |core, (), reply| {
             core.readdir(ino, fh, offset, reply)
         });
     }
@@ -539,10 +570,14 @@ impl Filesystem for LayerFs {
     ) {
         let who = creator(Who::of(req), umask);
         let wait = self.view_of().name_may_wait(parent.0, name);
-        let name = name.to_owned();
-        self.opening("create", wait, &[parent.0], reply, move |core, reply| {
-            core.create(who, parent, &name, mode, flags, reply)
-        });
+        self.opening(
+            "create",
+            wait,
+            &[parent.0],
+            name,
+            reply,
+            move |core, name, reply| core.create(who, parent, name, mode, flags, reply),
+        );
     }
 
     fn fallocate(

@@ -145,7 +145,7 @@ impl Core {
     fn patiently<T>(&self, call: impl Fn(&View) -> Result<T, Errno>) -> Result<T, Errno> {
         trim::patiently(|| {
             let result = call(&self.view);
-            if let Err(Errno::EMFILE | Errno::ENFILE) = result {
+            if result.as_ref().is_err_and(|e| trim::out_of_descriptors(*e)) {
                 // However few nodes the table holds, trimming has work to do.
                 self.view.inodes.run_short();
             }
@@ -278,7 +278,7 @@ macro_rules! tri {
 macro_rules! opened {
     ($reply:expr, $e:expr) => {
         match $e {
-            Err(Errno::EMFILE | Errno::ENFILE) if !pool::on_worker() => return Err($reply),
+            Err(e) if trim::out_of_descriptors(e) && !pool::on_worker() => return Err($reply),
             result => tri!($reply, result),
         }
     };

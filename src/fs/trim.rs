@@ -28,10 +28,10 @@
 //! so: they read the FORGETs that free descriptors. One that runs out of descriptors while
 //! the table is not crowded (its nodes are below the mark, but open files, merged
 //! directories and files the kernel has not yet released hold more) marks it crowded and
-//! hands the request to that pool, to be served again there. The directories the kernel holds for a
-//! request on that pool are marked held from its dispatch (see `View::held_for`), so their
-//! names go to the queue near the remote and no dropping waits on them; whether a
-//! directory is held is asked for each name, just before it is dropped.
+//! hands the request to that pool, to be served again there. The directories the kernel
+//! holds for a request on that pool are marked held from its dispatch (see
+//! `View::held_for`), so their names go to the queue near the remote and no dropping waits
+//! on them; whether a directory is held is asked for each name, just before it is dropped.
 //!
 //! The kernel detaches every mount on or below a name it is told to drop, so the names of
 //! mountpoints in the view and of the directories above them are never dropped: a
@@ -140,7 +140,8 @@ pub fn spawn(
 /// does not end when the table leaves the crowd: the nodes may be few while open files
 /// (closed, but not yet released) hold the descriptors.
 pub fn patiently<T>(mut call: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
-    let out_of_descriptors = |r: &Result<T, Errno>| matches!(r, Err(Errno::EMFILE | Errno::ENFILE));
+    let out_of_descriptors =
+        |r: &Result<T, Errno>| r.as_ref().is_err_and(|e| out_of_descriptors(*e));
     let result = call();
     if !out_of_descriptors(&result) || !pool::on_worker() {
         return result;
@@ -153,6 +154,11 @@ pub fn patiently<T>(mut call: impl FnMut() -> Result<T, Errno>) -> Result<T, Err
             return result;
         }
     }
+}
+
+/// Whether a call failed for want of a descriptor, the process's or the system's.
+pub fn out_of_descriptors(e: Errno) -> bool {
+    matches!(e, Errno::EMFILE | Errno::ENFILE)
 }
 
 /// Threads that drop names in local directories, one directory's names at a time. A drop

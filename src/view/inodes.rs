@@ -232,8 +232,11 @@ impl InodeTable {
     /// to the low one, requests that open objects then go where they may wait.
     pub fn run_short(&self) {
         if let Some(Watcher { tell, .. }) = self.watcher.get() {
-            let _maps = self.maps.write();
-            self.crowded.store(true, Ordering::Relaxed);
+            // A waiting call runs short every few ms: the write lock only when it changes.
+            if !self.crowded() {
+                let _maps = self.maps.write();
+                self.crowded.store(true, Ordering::Relaxed);
+            }
             let _ = tell.try_send(());
         }
     }
