@@ -16,11 +16,16 @@
 //! The queues are unbounded: the kernel sends at most one request per blocked caller, so their
 //! length is bounded by the callers waiting. The number of workers bounds how many calls are
 //! outstanding at once.
+//!
+//! An idle worker sleeps on a condition variable and nothing else: a queue whose receivers
+//! spin and yield before they sleep (as `crossbeam-channel`'s do) costs every hop several
+//! `sched_yield`s per idle worker, each a context switch when the CPU has other work, and on
+//! a small host that took more CPU than the requests themselves.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crossbeam_channel::{unbounded, Sender};
 use tracing::warn;
 
 use crate::metrics::Metrics;
@@ -44,12 +49,6 @@ pub struct Load {
     pub running: AtomicI64,
 }
 
-pub struct Pool {
-    tx: Sender<Job>,
-    load: Arc<Load>,
-    metrics: Option<Arc<Metrics>>,
-}
-
 impl Load {
     fn report(&self, metrics: Option<&Metrics>) {
         if let Some(m) = metrics {
@@ -61,6 +60,57 @@ impl Load {
     }
 }
 
+/// The jobs not yet taken, and whether workers should end once it is empty.
+#[derive(Default)]
+struct Jobs {
+    waiting: VecDeque<Job>,
+    workers: usize,
+    closing: bool,
+}
+
+/// What the pool and its workers share. Lock order: `jobs` is a leaf; no job runs under it.
+#[derive(Default)]
+struct Queue {
+    jobs: Mutex<Jobs>,
+    ready: Condvar,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, Jobs> {
+        // Jobs run outside the lock, so a panic cannot leave `Jobs` half changed.
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next job, or `None` once the pool is dropped and every job is taken.
+    fn next(&self) -> Option<Job> {
+        let mut jobs = self.lock();
+        loop {
+            if let Some(job) = jobs.waiting.pop_front() {
+                return Some(job);
+            }
+            if jobs.closing {
+                return None;
+            }
+            jobs = self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Counts a worker out when its thread ends, however it ends.
+struct Leaving(Arc<Queue>);
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        self.0.lock().workers -= 1;
+    }
+}
+
+pub struct Pool {
+    queue: Arc<Queue>,
+    load: Arc<Load>,
+    metrics: Option<Arc<Metrics>>,
+}
+
 impl Pool {
     /// Starts `workers` threads named `name-N`. They end when the pool is dropped and the
     /// queue is empty. `metrics`, if any, hears of every change of the pool's load.
@@ -69,15 +119,23 @@ impl Pool {
         workers: usize,
         metrics: Option<Arc<Metrics>>,
     ) -> std::io::Result<Pool> {
-        let (tx, rx) = unbounded::<Job>();
+        let queue = Arc::new(Queue::default());
         let load = Arc::new(Load::default());
+        let pool = Pool {
+            queue: queue.clone(),
+            load: load.clone(),
+            metrics: metrics.clone(),
+        };
         for n in 0..workers.max(1) {
-            let (rx, load, metrics) = (rx.clone(), load.clone(), metrics.clone());
-            std::thread::Builder::new()
+            let (queue, load, metrics) = (queue.clone(), load.clone(), metrics.clone());
+            queue.lock().workers += 1;
+            let leaving = Leaving(queue.clone());
+            let spawned = std::thread::Builder::new()
                 .name(format!("{name}-{n}"))
                 .spawn(move || {
+                    let _leaving = leaving;
                     WORKER.set(true);
-                    for job in rx {
+                    while let Some(job) = queue.next() {
                         load.queued.fetch_sub(1, Ordering::Relaxed);
                         load.running.fetch_add(1, Ordering::Relaxed);
                         load.report(metrics.as_deref());
@@ -85,26 +143,41 @@ impl Pool {
                         load.running.fetch_sub(1, Ordering::Relaxed);
                         load.report(metrics.as_deref());
                     }
-                })?;
+                });
+            // A thread that was not spawned drops its `Leaving`, and dropping `pool` ends
+            // the workers already started.
+            spawned?;
         }
-        Ok(Pool { tx, load, metrics })
+        Ok(pool)
     }
 
     /// Runs `job` on a worker.
     pub fn run(&self, job: impl FnOnce() + Send + 'static) {
         self.load.queued.fetch_add(1, Ordering::Relaxed);
         self.load.report(self.metrics.as_deref());
-        if let Err(e) = self.tx.send(Box::new(job)) {
+        let mut jobs = self.queue.lock();
+        if jobs.workers == 0 {
             // Only when every worker is gone, which a panic in a job could do: serve on the
             // calling thread rather than drop the request (its reply would say EIO).
+            drop(jobs);
             self.load.queued.fetch_sub(1, Ordering::Relaxed);
             warn!("a request pool has no workers; serving on a FUSE thread");
-            (e.into_inner())();
+            return job();
         }
+        jobs.waiting.push_back(Box::new(job));
+        drop(jobs);
+        self.queue.ready.notify_one();
     }
 
     pub fn load(&self) -> Arc<Load> {
         self.load.clone()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.queue.lock().closing = true;
+        self.queue.ready.notify_all();
     }
 }
 
@@ -132,5 +205,48 @@ mod tests {
         assert_eq!(got, (0..10).collect::<Vec<_>>());
         assert_eq!(pool.load().running.load(Ordering::Relaxed), 1);
         drop(stuck_tx);
+    }
+
+    #[test]
+    fn a_pool_whose_workers_died_serves_on_the_caller() {
+        let pool = Pool::start("test", 1, None).unwrap();
+        pool.run(|| panic!("a job that panics ends its worker"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while pool.queue.lock().workers > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the worker did not end"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let caller = std::thread::current().id();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        pool.run(move || tx.send(std::thread::current().id()).unwrap());
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), caller);
+    }
+
+    #[test]
+    fn dropping_the_pool_serves_what_is_queued_and_ends_the_workers() {
+        let pool = Pool::start("test", 2, None).unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        for i in 0..100 {
+            let tx = tx.clone();
+            pool.run(move || tx.send(i).unwrap());
+        }
+        let queue = pool.queue.clone();
+        drop(pool);
+        let mut got: Vec<i32> = (0..100)
+            .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
+        got.sort();
+        assert_eq!(got, (0..100).collect::<Vec<_>>());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while queue.lock().workers > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the workers did not end"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
