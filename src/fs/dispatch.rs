@@ -1,10 +1,9 @@
 //! The FUSE entry points: each request is served on the FUSE thread that read it, unless it
 //! may wait on the remote, in which case it goes to the remote pool with its reply, or is an
-//! `fsync` of a local file, which goes to the sync pool (see [`super::pool`]). While the
-//! inode table is crowded, requests that open objects go to the crowd pool, where they may
-//! wait for descriptors (see [`super::trim`]); one served here that runs out of them goes
-//! there too ([`LayerFs::opening`]). The `View` says which requests may wait on
-//! the remote; [`Core`] serves them.
+//! `fsync` of a local file, which goes to the sync pool (see [`super::pool`]). A request
+//! that opens objects and runs out of descriptors here goes to the crowd pool, where it may
+//! wait for them (see [`super::trim`] and [`LayerFs::opening`]). The `View` says which
+//! requests may wait on the remote; [`Core`] serves them.
 
 use std::borrow::Borrow;
 use std::ffi::OsStr;
@@ -25,7 +24,6 @@ use super::pool::{Load, Pool};
 use super::{creator, outcome, time, Core, Handed, Timeouts, Transport, Who};
 use crate::metrics::{FsTables, Metrics};
 use crate::view::attrs::SetAttr;
-use crate::view::route::Held;
 use crate::view::{Layer, View};
 
 /// How many `fsync`s of local files may wait for the disk at once without holding a FUSE
@@ -114,30 +112,18 @@ impl LayerFs {
         });
     }
 
-    /// Where a request that opens objects is served: on the remote pool if it may `wait`
-    /// on the remote, on the crowd pool while the inode table is crowded, else here. On the
-    /// crowd pool, the directories the kernel holds for it (`dirs`) are marked held: names
-    /// there wait as long as it does (see `View::held_for`). A directory whose names may
-    /// wait on the remote needs no mark.
-    fn opener(&self, wait: bool, dirs: &[u64]) -> (Option<&Pool>, Option<Held>) {
-        if wait {
-            return (Some(&self.pool), None);
-        }
-        let view = self.core.view();
-        if !view.inodes.crowded() {
-            return (None, None);
-        }
-        (
-            Some(&self.crowd),
-            (!dirs.is_empty()).then(|| view.held_for(dirs)),
-        )
-    }
-
-    /// Serves a request that opens objects where [`Self::opener`] says. One served here
-    /// that finds no descriptor free hands its reply back and is served again on the crowd
-    /// pool, where it may wait for one: a FUSE thread must not wait (it reads the FORGETs
-    /// and RELEASEs that free descriptors), and a `mkdir` must not fail because the daemon
-    /// keeps handles. So `serve` may run twice; `args` (a name) is copied only for a pool.
+    /// Serves a request that opens objects: on the remote pool if it may `wait` on the
+    /// remote, else here. One served here that finds no descriptor free hands its reply
+    /// back and is served again on the crowd pool, where it may wait for one: a FUSE thread
+    /// must not wait (it reads the FORGETs and RELEASEs that free descriptors), and a
+    /// `mkdir` must not fail because the daemon keeps handles. So `serve` may run twice;
+    /// `args` (a name) is copied only for a pool. On the crowd pool, the directories the
+    /// kernel holds for it (`dirs`) are marked held: names there wait as long as it does
+    /// (see `View::held_for`).
+    ///
+    /// A request is tried here first even while trimming is under way: most find a
+    /// descriptor, and a failed try costs one call that fails at once, where a hop to a
+    /// pool costs two thread wakeups for every request of a walk that outgrows the table.
     fn opening<A, R>(
         &self,
         op: &'static str,
@@ -152,11 +138,9 @@ impl LayerFs {
         R: Send + 'static,
     {
         // On a worker, `serve` always replies.
-        let (pool, held) = self.opener(wait, dirs);
-        if let Some(pool) = pool {
+        if wait {
             let args = args.to_owned();
-            return self.on(pool, op, move |core| {
-                let _held = held;
+            return self.on(&self.pool, op, move |core| {
                 let _ = serve(core, args.borrow(), reply);
             });
         }

@@ -19,19 +19,18 @@
 //! nothing.
 //!
 //! Trimming runs beside the requests that fill the table, and the kernel forgets what it
-//! drops a little later: a burst of new names can use up the descriptors first. While the
-//! table is crowded (from passing the mark that starts trimming until it is down to the
-//! mark trimming aims at), requests that open objects are served on a pool of their own
-//! (see `fs::dispatch`), and one that finds no descriptor free waits there for some to be
-//! freed ([`patiently`]) instead of failing with `EMFILE`:
-//! a `mkdir` must not fail because the daemon keeps handles. The FUSE threads never wait
-//! so: they read the FORGETs that free descriptors. One that runs out of descriptors while
-//! the table is not crowded (its nodes are below the mark, but open files, merged
-//! directories and files the kernel has not yet released hold more) marks it crowded and
-//! hands the request to that pool, to be served again there. The directories the kernel
-//! holds for a request on that pool are marked held from its dispatch (see
-//! `View::held_for`), so their names go to the queue near the remote and no dropping waits
-//! on them; whether a directory is held is asked for each name, just before it is dropped.
+//! drops a little later: a burst of new names can use up the descriptors first. A request
+//! that opens objects is served on the FUSE thread that read it, and one that finds no
+//! descriptor free there hands its reply back, marks the table crowded (see
+//! `InodeTable::run_short`: its nodes may be below the mark while open files, merged
+//! directories and files the kernel has not yet released hold more) and is served again
+//! on a pool of its own (see `fs::dispatch`), where it waits for descriptors to be freed
+//! ([`patiently`]) instead of failing with `EMFILE`: a `mkdir` must not fail because the
+//! daemon keeps handles. The FUSE threads never wait so: they read the FORGETs that free
+//! descriptors. The directories the kernel holds for a request on that pool are marked
+//! held from the moment it is handed over (see `View::held_for`), so their names go to the
+//! queue near the remote and no dropping waits on them; whether a directory is held is
+//! asked for each name, just before it is dropped.
 //!
 //! The kernel detaches every mount on or below a name it is told to drop, so the names of
 //! mountpoints in the view and of the directories above them are never dropped: a
@@ -91,8 +90,8 @@ pub fn spawn(
                 return;
             };
             let live = view.inodes.len();
-            // Crowded, the table is taken down to `low` even below `high`: requests wait
-            // on the crowd pool until it is.
+            // Crowded, the table is taken down to `low` even below `high`: a request may
+            // wait on the crowd pool until it is.
             if live > high || (live > low && view.inodes.crowded()) {
                 // Without the table no name is known to be safe to drop: wait for the next round.
                 let mounts = match table.read() {

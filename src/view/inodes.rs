@@ -229,7 +229,7 @@ impl InodeTable {
     /// Marks the table crowded and has its watcher told: a call found no descriptor free.
     /// Nodes are not the only holders (open files hold one more each, a merged directory
     /// two), so the descriptors can run out below the high mark; until the table is down
-    /// to the low one, requests that open objects then go where they may wait.
+    /// to the low one, trimming then goes on even below the high mark.
     pub fn run_short(&self) {
         if let Some(Watcher { tell, .. }) = self.watcher.get() {
             // A waiting call runs short every few ms: the write lock only when it changes.
