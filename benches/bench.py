@@ -6,7 +6,7 @@ Subcommands:
   mkdata PATH BYTES            write BYTES of random data to PATH (not sparse)
   mksparse PATH BYTES          a sparse file of BYTES: 1 MiB of random data every 64 MiB, holes between
   fio JSON rw|write            print "<MiB/s> <IOPS>" from a fio --output-format=json file
-  meta DIR N                   metadata workload in DIR (created, must not exist):
+  meta DIR N                   metadata workload in DIR (created, or an empty dir that exists):
                                create N files, cold stat, readdir, unlink; print JSON ops/s
   copyup PATH [--strict]       time the first 1-byte write into PATH (open O_WRONLY + pwrite +
                                fsync + close, after a full read so the source is cached); print ms.
@@ -111,7 +111,12 @@ def per_op(before, after, n):
 def cmd_meta(args):
     d, n = args[0], int(args[1])
     url = args[2] if len(args) > 2 else ""
-    os.mkdir(d)
+    # An empty directory that exists (a mount's root) is used as it is and left in place.
+    made = not os.path.isdir(d)
+    if made:
+        os.mkdir(d)
+    elif os.listdir(d):
+        raise SystemExit("meta: %s is not empty" % d)
     names = ["f%06d" % i for i in range(n)]
     paths = [os.path.join(d, x) for x in names]
     res = {}
@@ -155,7 +160,8 @@ def cmd_meta(args):
         os.unlink(p)
     res["unlink"] = n / (time.perf_counter() - t)
     counts["unlink"] = per_op(seen, requests(url), n)
-    os.rmdir(d)
+    if made:
+        os.rmdir(d)
     if url:
         res["requests"] = counts
     print(json.dumps(res))

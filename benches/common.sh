@@ -16,6 +16,18 @@ ensure_layerfs() {
     [ -x "$LAYERFS" ] || die "layerfs binary not found at $LAYERFS ($hint)"
 }
 
+# ensure_probe HINT: sets PROBE to benches/uring's uring-probe (an in-memory FUSE server,
+# the fuse-floor targets), building it first if it is missing.
+ensure_probe() {
+    local hint=$1
+    PROBE="$REPO/benches/uring/target/release/uring-probe"
+    [ -x "$PROBE" ] && return 0
+    command -v cargo >/dev/null || die "uring-probe missing and cargo not found ($hint)"
+    log "building uring-probe: cargo build --release in benches/uring"
+    (cd "$REPO/benches/uring" && cargo build --release) >&2 || die "building uring-probe failed ($hint)"
+    [ -x "$PROBE" ] || die "uring-probe not found at $PROBE ($hint)"
+}
+
 record() { echo "$1 $2 $3" >>"$RESULTS"; }
 
 # fs_type PATH: the type of the filesystem PATH is on, by name (`stat -f` calls ext4

@@ -12,7 +12,9 @@
 #   LAYERFS=target/release/layerfs   layerfs binary (built with cargo build --release if missing)
 #   TARGETS="plain overlayfs fuse-overlayfs layerfs"   which targets to run, in this order;
 #                  layerfs-uring is layerfs with -o io_uring (the run turns the fuse module's
-#                  enable_uring on and restores it)
+#                  enable_uring on and restores it); fuse-floor and fuse-floor-uring are an
+#                  in-memory FUSE server that does no filesystem work (benches/uring), over
+#                  /dev/fuse and io_uring: the fastest any FUSE filesystem's metadata can be here
 #   REPEAT=1       rounds over all targets, interleaved; the report gives medians and spread
 #   COPYUP_SAMPLES=3  copy-ups of each kind per round, each of a file of its own: one copy-up
 #                  is one fsync of 64 MiB, whose time varies by 2x from one to the next
@@ -45,7 +47,7 @@ die() { printf 'bench: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- arguments and prerequisites
 case "${1:-}" in
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) die "unknown argument '$1' (configure with environment variables, see --help)" ;;
 esac
@@ -53,9 +55,12 @@ esac
 read -r -a TARGET_LIST <<<"$TARGETS"
 [ "${#TARGET_LIST[@]}" -gt 0 ] || die "TARGETS is empty"
 want() { local t; for t in "${TARGET_LIST[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }
+want_floor() { want fuse-floor || want fuse-floor-uring; }
+want_fuse() { want fuse-overlayfs || want layerfs || want layerfs-uring || want_floor; }
+want_uring() { want layerfs-uring || want fuse-floor-uring; }
 for t in "${TARGET_LIST[@]}"; do
-    case "$t" in plain|overlayfs|fuse-overlayfs|layerfs|layerfs-uring) ;;
-        *) die "unknown target '$t' in TARGETS (known: plain overlayfs fuse-overlayfs layerfs layerfs-uring)" ;;
+    case "$t" in plain|overlayfs|fuse-overlayfs|layerfs|layerfs-uring|fuse-floor|fuse-floor-uring) ;;
+        *) die "unknown target '$t' in TARGETS (known: plain overlayfs fuse-overlayfs layerfs layerfs-uring fuse-floor fuse-floor-uring)" ;;
     esac
 done
 [[ "$FILES" =~ ^[0-9]+$ && "$FILES" -gt 0 ]] || die "FILES must be a positive integer, got '$FILES'"
@@ -68,7 +73,7 @@ missing=()
 [ "$(id -u)" -eq 0 ] || missing+=("root (run with sudo)")
 command -v python3 >/dev/null || missing+=("python3")
 command -v fio >/dev/null || missing+=("fio")
-if want fuse-overlayfs || want layerfs || want layerfs-uring; then
+if want_fuse; then
     [ -c /dev/fuse ] || missing+=("/dev/fuse (modprobe fuse)")
     command -v fusermount3 >/dev/null || missing+=("fusermount3 (package fuse3)")
 fi
@@ -90,9 +95,12 @@ SIZE_BYTES=$(python3 "$BENCH_PY" bytes "$SIZE")
 if want layerfs || want layerfs-uring; then
     ensure_layerfs "set LAYERFS, or drop layerfs from TARGETS"
 fi
+if want_floor; then
+    ensure_probe "drop fuse-floor and fuse-floor-uring from TARGETS"
+fi
 URING_PARAM=/sys/module/fuse/parameters/enable_uring
-if want layerfs-uring; then
-    [ -w "$URING_PARAM" ] || die "layerfs-uring: this kernel has no FUSE over io_uring ($URING_PARAM)"
+if want_uring; then
+    [ -w "$URING_PARAM" ] || die "layerfs-uring, fuse-floor-uring: this kernel has no FUSE over io_uring ($URING_PARAM)"
 fi
 
 # ---------------------------------------------------------------- scratch area and cleanup
@@ -140,7 +148,7 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
-if want layerfs-uring; then
+if want_uring; then
     URING_BEFORE=$(cat "$URING_PARAM")
     echo Y >"$URING_PARAM"
 fi
@@ -254,9 +262,24 @@ mount_target() {
             || die "layerfs mount failed: $LAYERFS mount --remote $REMOTE --local $d/local -o allow_other $mnt"
         remember_daemon "$mnt"
         ;;
+    fuse-floor|fuse-floor-uring)
+        # Served in the foreground until unmounted; as many threads as layerfs has.
+        local transport=dev threads
+        [ "$t" = fuse-floor-uring ] && transport=uring
+        threads=$(nproc)
+        [ "$threads" -ge 2 ] || threads=2
+        mkdir -p "$mnt"
+        MOUNTS+=("$mnt")
+        "$PROBE" serve "$mnt" --transport "$transport" --threads "$threads" --timeout 3600 \
+            2>"$d/serve.err" &
+        DAEMON_PIDS+=("$!")
+        ;;
     esac
     for i in $(seq 50); do mountpoint -q "$mnt" && break; sleep 0.1; done
-    mountpoint -q "$mnt" || die "$t: $mnt is not a mountpoint after mounting"
+    if ! mountpoint -q "$mnt"; then
+        [ -f "$d/serve.err" ] && cat "$d/serve.err" >&2
+        die "$t: $mnt is not a mountpoint after mounting"
+    fi
     ROOT="$mnt"
 }
 
@@ -279,12 +302,33 @@ counted() {
     echo "$where requests_$key $(python3 "$BENCH_PY" requests "$METRICS" "$RUN/requests.before")" >>"$RESULTS"
 }
 
+# record_meta TARGET JSON: the rows of one metadata workload (bench.py meta's output).
+record_meta() {
+    python3 - "$1" "$2" >>"$RESULTS" <<'EOF'
+import json, sys
+t, m = sys.argv[1], json.loads(sys.argv[2])
+for k in ("create", "stat", "readdir", "unlink"):
+    print(t, "meta_" + k, "%.1f" % m[k])
+    if k in m.get("requests", {}):
+        print(t, "requests_meta_" + k, json.dumps(m["requests"][k]))
+EOF
+    log "$1 metadata: $2"
+}
+
 bench_target() {
     local t=$1 root wdir rfile meta
     log "== $t"
     METRICS=
     mount_target "$t"
     root=$ROOT
+    case "$t" in fuse-floor*)
+        # One flat in-memory directory: the metadata rows only, in its root.
+        meta=$(python3 "$BENCH_PY" meta "$root" "$FILES") || die "$t: metadata workload failed"
+        record_meta "$t" "$meta"
+        unmount_target "$t"
+        return
+        ;;
+    esac
     rfile="$root/$REL/seqread.bin"
     [ -f "$rfile" ] || die "$t: read-side data not visible at $rfile"
     wdir="$root/bench-write.$t"
@@ -310,15 +354,7 @@ bench_target() {
 
     # metadata
     meta=$(python3 "$BENCH_PY" meta "$wdir/meta" "$FILES" "$METRICS") || die "$t: metadata workload failed"
-    python3 - "$t" "$meta" >>"$RESULTS" <<'EOF'
-import json, sys
-t, m = sys.argv[1], json.loads(sys.argv[2])
-for k in ("create", "stat", "readdir", "unlink"):
-    print(t, "meta_" + k, "%.1f" % m[k])
-    if k in m.get("requests", {}):
-        print(t, "requests_meta_" + k, json.dumps(m["requests"][k]))
-EOF
-    log "$t metadata: $meta"
+    record_meta "$t" "$meta"
 
     # copy-up: first 1-byte write into a 64 MiB file of the lower/remote, then the same into
     # a 1 GiB sparse file (16 MiB of data): layerfs must keep the holes (others that fill

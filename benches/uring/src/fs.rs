@@ -116,7 +116,10 @@ impl Fs {
             FUSE_SETATTR => self.setattr(req, out),
             FUSE_CREATE => self.create(req, out),
             FUSE_OPEN | FUSE_OPENDIR => self.open(req, out),
-            FUSE_RELEASE | FUSE_RELEASEDIR | FUSE_FLUSH | FUSE_ACCESS | FUSE_DESTROY => Ok(0),
+            FUSE_RELEASE | FUSE_RELEASEDIR | FUSE_ACCESS | FUSE_DESTROY => Ok(0),
+            // As layerfs answers it: the kernel then never sends FLUSH again, and a close
+            // costs no round trip.
+            FUSE_FLUSH => Err(libc::ENOSYS),
             FUSE_UNLINK => self.unlink(req),
             FUSE_READDIR => self.readdir(req, out),
             FUSE_STATFS => Ok(self.statfs(out)),
