@@ -302,6 +302,10 @@ def cmd_report(args):
             if show_target:
                 r = ratio(res.get(("layerfs", key)), b, hb)
                 mark = "" if r is None else (" ✓" if r >= tgt else " ✗")
+                # Below the floor of any FUSE filesystem, the target is out of reach.
+                floor = ratio(res.get(("fuse-floor", key)), b, hb)
+                if r is not None and r < tgt and floor is not None and floor < tgt:
+                    mark += " (fuse-floor %.2f)" % floor
                 line += " ≥ %.2f%s |" % (tgt, mark)
             out.append(line)
     if reqs:

@@ -10,7 +10,7 @@
 #   SCRATCH_FS=ext4  run on a fresh journaled ext4 made in a loop image inside SCRATCH (default),
 #                  or "host" to run on SCRATCH's own filesystem
 #   LAYERFS=target/release/layerfs   layerfs binary (built with cargo build --release if missing)
-#   TARGETS="plain overlayfs fuse-overlayfs layerfs"   which targets to run, in this order;
+#   TARGETS="plain overlayfs fuse-overlayfs fuse-floor layerfs"   which targets to run, in order;
 #                  layerfs-uring is layerfs with -o io_uring (the run turns the fuse module's
 #                  enable_uring on and restores it); fuse-floor and fuse-floor-uring are an
 #                  in-memory FUSE server that does no filesystem work (benches/uring), over
@@ -30,7 +30,7 @@ FILES=${FILES:-10000}
 SCRATCH=${SCRATCH:-/var/tmp/layerfs-bench}
 SCRATCH_FS=${SCRATCH_FS:-ext4}
 LAYERFS=${LAYERFS:-$REPO/target/release/layerfs}
-TARGETS=${TARGETS:-plain overlayfs fuse-overlayfs layerfs}
+TARGETS=${TARGETS:-plain overlayfs fuse-overlayfs fuse-floor layerfs}
 REPEAT=${REPEAT:-1}
 COPYUP_SAMPLES=${COPYUP_SAMPLES:-3}
 COPYUP_SIZE=$((64 * 1024 * 1024))
