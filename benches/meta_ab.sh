@@ -1,0 +1,137 @@
+#!/bin/bash
+# Metadata of two layerfs binaries side by side on one filesystem, with the daemon's CPU time
+# and context switches per operation, to tell whether a change to the request path pays.
+# See benches/README.md. Needs root, /dev/fuse, python3, mkfs.ext4.
+#
+# Knobs (environment):
+#   OLD=PATH       the layerfs binary to compare with (required), e.g. one built from main
+#   NEW=target/release/layerfs   the layerfs binary under test
+#   ROUNDS=5       rounds; the order of the two binaries alternates from one round to the next
+#   FILES=14000    files created and unlinked a round, in a local directory of the view
+#   LAYER_FILES=6000   files stat'ed cold a round inside a remote layer (the remote pool's path)
+#   IMG=8G         size of the ext4 image the trees live on
+#   SCRATCH=/dev/shm/layerfs-ab   where the image goes (in memory by default: no disk noise)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+NEW=${NEW:-$REPO/target/release/layerfs}
+ROUNDS=${ROUNDS:-5}
+FILES=${FILES:-14000}
+LAYER_FILES=${LAYER_FILES:-6000}
+IMG=${IMG:-8G}
+SCRATCH=${SCRATCH:-/dev/shm/layerfs-ab}
+# A ready layer of the fixture; the view serves its diff/ from the remote.
+REL=overlay/RO/333f8831e3435930b5699467fad059661a5de8499f959caad268f212db4e8745/diff/many
+
+die() { printf 'meta_ab: %s\n' "$*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "needs root (mounts, drop_caches)"
+[ -x "${OLD:-}" ] || die "OLD must name a layerfs binary to compare with"
+[ -x "$NEW" ] || die "no layerfs binary at $NEW (cargo build --release)"
+for n in "$ROUNDS" "$FILES" "$LAYER_FILES"; do
+    [[ "$n" =~ ^[0-9]+$ && "$n" -gt 0 ]] || die "ROUNDS, FILES and LAYER_FILES must be positive integers"
+done
+
+D=$(mktemp -d "$SCRATCH.XXXXXX")
+FS=$D/fs
+BINS=(old new)
+cleanup() {
+    for t in "${BINS[@]}"; do umount "$FS/$t" 2>/dev/null || umount -l "$FS/$t" 2>/dev/null || true; done
+    umount "$FS" 2>/dev/null || umount -l "$FS" 2>/dev/null || true
+    rm -rf "$D"
+}
+trap cleanup EXIT
+
+mkdir -p "$FS"
+truncate -s "$IMG" "$D/image"
+mkfs.ext4 -q -F "$D/image"
+mount -o loop "$D/image" "$FS"
+cp -a "$REPO/fixtures/remote" "$FS/remote"
+mkdir -p "$FS/remote/$REL"
+python3 - "$FS/remote/$REL" "$LAYER_FILES" <<'EOF'
+import os, sys
+for i in range(int(sys.argv[2])):
+    open(os.path.join(sys.argv[1], "f%06d" % i), "w").close()
+EOF
+declare -A PID
+for t in "${BINS[@]}"; do
+    bin=$OLD
+    [ "$t" = new ] && bin=$NEW
+    mkdir -p "$FS/$t" "$FS/local-$t"
+    "$bin" mount --remote "$FS/remote" --local "$FS/local-$t" -o allow_other "$FS/$t"
+    PID[$t]=$(pgrep -n -f -- " $FS/$t\$") || die "no daemon found for $FS/$t"
+done
+sync
+
+# One round of one binary: prints "create stat unlink" as ops/s, µs of daemon CPU and
+# context switches per operation.
+round() {
+    python3 - "$FS/$1" "$REL" "$FILES" "$LAYER_FILES" "${PID[$1]}" <<'EOF'
+import glob, os, sys, time
+mnt, rel, n, m, pid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+
+def daemon():
+    """CPU time (ns) and context switches of every thread of the daemon."""
+    cpu = switches = 0
+    for task in glob.glob("/proc/%s/task/*" % pid):
+        try:
+            with open(task + "/schedstat") as f:
+                cpu += int(f.read().split()[0])
+            with open(task + "/status") as f:
+                for line in f:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        switches += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return cpu, switches
+
+def measure(paths, op):
+    c0, s0 = daemon()
+    t = time.perf_counter()
+    for p in paths:
+        op(p)
+    wall = time.perf_counter() - t
+    c1, s1 = daemon()
+    k = len(paths)
+    return "%.0f %.1f %.2f" % (k / wall, (c1 - c0) / k / 1000, (s1 - s0) / k)
+
+d = os.path.join(mnt, "meta.%d" % os.getpid())
+os.mkdir(d)
+files = [os.path.join(d, "f%06d" % i) for i in range(n)]
+layer = [os.path.join(mnt, rel, "f%06d" % i) for i in range(m)]
+create = measure(files, lambda p: os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)))
+os.sync()
+with open("/proc/sys/vm/drop_caches", "w") as f:
+    f.write("3")
+stat = measure(layer, os.stat)
+unlink = measure(files, os.unlink)
+os.rmdir(d)
+print(create, stat, unlink)
+EOF
+}
+
+declare -A rows
+for r in $(seq "$ROUNDS"); do
+    order=("${BINS[@]}")
+    [ $((r % 2)) = 0 ] && order=(new old)
+    for t in "${order[@]}"; do
+        rows[$t]+="$(round "$t");"
+    done
+done
+
+python3 - "$FILES" "$LAYER_FILES" "$ROUNDS" "${rows[old]}" "${rows[new]}" <<'EOF'
+import statistics, sys
+files, layer, rounds = sys.argv[1], sys.argv[2], sys.argv[3]
+runs = [[[float(x) for x in r.split()] for r in a.split(";") if r] for a in sys.argv[4:]]
+rows = [("create (local dir, %s files)" % files, 0),
+        ("cold stat (remote layer, %s files)" % layer, 3),
+        ("unlink (local dir)", 6)]
+print("metadata, medians of %s rounds: ops/s | daemon CPU µs/op | daemon context switches/op" % rounds)
+print("| row | old | new | new / old (ops/s) |")
+print("|---|---:|---:|---:|")
+for label, i in rows:
+    cells = []
+    for rs in runs:
+        ops, cpu, cs = (statistics.median(r[i + j] for r in rs) for j in range(3))
+        cells.append((ops, "%.0f / %.1f / %.2f" % (ops, cpu, cs)))
+    print("| %s | %s | %s | %.2f |" % (label, cells[0][1], cells[1][1], cells[1][0] / cells[0][0]))
+EOF
