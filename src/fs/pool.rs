@@ -65,6 +65,9 @@ impl Load {
 struct Jobs {
     waiting: VecDeque<Job>,
     workers: usize,
+    /// Workers asleep on `ready`: a job queued while none is needs no wakeup (a system
+    /// call), a busy worker takes it when it is done.
+    idle: usize,
     closing: bool,
 }
 
@@ -91,7 +94,9 @@ impl Queue {
             if jobs.closing {
                 return None;
             }
+            jobs.idle += 1;
             jobs = self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
+            jobs.idle -= 1;
         }
     }
 }
@@ -165,8 +170,11 @@ impl Pool {
             return job();
         }
         jobs.waiting.push_back(Box::new(job));
+        let wake = jobs.idle > 0;
         drop(jobs);
-        self.queue.ready.notify_one();
+        if wake {
+            self.queue.ready.notify_one();
+        }
     }
 
     pub fn load(&self) -> Arc<Load> {
