@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Shell pieces shared by the benchmarks (sourced, never run). The script that sources this
 # file defines log and die, and sets REPO, BENCH_PY, LAYERFS, and RUN and RESULTS before it
-# runs any job.
+# runs any job; the A/B scripts set REPO, SCRATCH and IMG before ab_scratch.
 
 # ensure_layerfs HINT: builds the release binary if LAYERFS is the default one and missing;
 # HINT ends the error messages (what the user can do instead).
@@ -48,4 +48,26 @@ run_fio() {
     read -r bw iops < <(python3 "$BENCH_PY" fio "$out" "$kind")
     if [ "$field" = bw ]; then record "$where" "$key" "$bw"; log "$where $key: $bw MiB/s"
     else record "$where" "$key" "$iops"; log "$where $key: $iops IOPS"; fi
+}
+
+# ab_scratch MOUNT...: a fresh ext4 of IMG bytes in an image under SCRATCH, mounted at $FS
+# with a copy of the fixture remote at $FS/remote (sets D and FS). On exit, $FS/MOUNT for
+# each MOUNT, then $FS, are unmounted and the image removed.
+ab_scratch() {
+    AB_MOUNTS=("$@")
+    D=$(mktemp -d "$SCRATCH.XXXXXX")
+    FS=$D/fs
+    trap ab_cleanup EXIT
+    mkdir -p "$FS"
+    truncate -s "$IMG" "$D/image"
+    mkfs.ext4 -q -F "$D/image"
+    mount -o loop "$D/image" "$FS"
+    cp -a "$REPO/fixtures/remote" "$FS/remote"
+}
+
+ab_cleanup() {
+    local t
+    for t in "${AB_MOUNTS[@]}"; do umount "$FS/$t" 2>/dev/null || umount -l "$FS/$t" 2>/dev/null || true; done
+    umount "$FS" 2>/dev/null || umount -l "$FS" 2>/dev/null || true
+    rm -rf "$D"
 }

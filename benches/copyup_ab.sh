@@ -26,6 +26,8 @@ SCRATCH=${SCRATCH:-/dev/shm/layerfs-ab}
 REL=overlay/RO/333f8831e3435930b5699467fad059661a5de8499f959caad268f212db4e8745/diff/copyup
 
 die() { printf 'copyup_ab: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+. "$REPO/benches/common.sh"
 [ "$(id -u)" = 0 ] || die "needs root (mounts)"
 [ -x "${OLD:-}" ] || die "OLD must name a layerfs binary to compare with"
 [ -x "$NEW" ] || die "no layerfs binary at $NEW (cargo build --release)"
@@ -33,21 +35,8 @@ case $KIND in dense) MAKE=mkdata ;; sparse) MAKE=mksparse ;; *) die "KIND is den
 [[ "$N" =~ ^[0-9]+$ && "$N" -gt 0 ]] || die "N must be a positive integer"
 BYTES=$(python3 "$BENCH_PY" bytes "$SIZE")
 
-D=$(mktemp -d "$SCRATCH.XXXXXX")
-FS=$D/fs
 TARGETS=(overlayfs old new)
-cleanup() {
-    for t in "${TARGETS[@]}"; do umount "$FS/$t" 2>/dev/null || umount -l "$FS/$t" 2>/dev/null || true; done
-    umount "$FS" 2>/dev/null || umount -l "$FS" 2>/dev/null || true
-    rm -rf "$D"
-}
-trap cleanup EXIT
-
-mkdir -p "$FS"
-truncate -s "$IMG" "$D/image"
-mkfs.ext4 -q -F "$D/image"
-mount -o loop "$D/image" "$FS"
-cp -a "$REPO/fixtures/remote" "$FS/remote"
+ab_scratch "${TARGETS[@]}"
 mkdir -p "$FS/remote/$REL" "$FS/upper" "$FS/work" "$FS/local-old" "$FS/local-new"
 for t in "${TARGETS[@]}"; do
     mkdir -p "$FS/$t"

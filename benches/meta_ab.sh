@@ -24,6 +24,8 @@ SCRATCH=${SCRATCH:-/dev/shm/layerfs-ab}
 REL=overlay/RO/333f8831e3435930b5699467fad059661a5de8499f959caad268f212db4e8745/diff/many
 
 die() { printf 'meta_ab: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+. "$REPO/benches/common.sh"
 [ "$(id -u)" = 0 ] || die "needs root (mounts, drop_caches)"
 [ -x "${OLD:-}" ] || die "OLD must name a layerfs binary to compare with"
 [ -x "$NEW" ] || die "no layerfs binary at $NEW (cargo build --release)"
@@ -31,21 +33,8 @@ for n in "$ROUNDS" "$FILES" "$LAYER_FILES"; do
     [[ "$n" =~ ^[0-9]+$ && "$n" -gt 0 ]] || die "ROUNDS, FILES and LAYER_FILES must be positive integers"
 done
 
-D=$(mktemp -d "$SCRATCH.XXXXXX")
-FS=$D/fs
 BINS=(old new)
-cleanup() {
-    for t in "${BINS[@]}"; do umount "$FS/$t" 2>/dev/null || umount -l "$FS/$t" 2>/dev/null || true; done
-    umount "$FS" 2>/dev/null || umount -l "$FS" 2>/dev/null || true
-    rm -rf "$D"
-}
-trap cleanup EXIT
-
-mkdir -p "$FS"
-truncate -s "$IMG" "$D/image"
-mkfs.ext4 -q -F "$D/image"
-mount -o loop "$D/image" "$FS"
-cp -a "$REPO/fixtures/remote" "$FS/remote"
+ab_scratch "${BINS[@]}"
 mkdir -p "$FS/remote/$REL"
 python3 - "$FS/remote/$REL" "$LAYER_FILES" <<'EOF'
 import os, sys
