@@ -2326,9 +2326,8 @@ fn exchanging_a_root_with_a_plain_directory_keeps_its_quota_across_a_remount() {
 
 // ---- Reads and writers beside passthrough readers ------------------------------------------
 
-/// What the daemon serving `m` has read through system calls so far (`rchar`): reads served
-/// by the daemon add to it, passthrough reads happen in the reader and do not.
-fn daemon_rchar(m: &Mount) -> u64 {
+/// The `/proc` directory of the daemon serving `m`.
+fn daemon_proc(m: &Mount) -> PathBuf {
     let mnt = m.mnt.to_string_lossy().into_owned();
     for entry in fs::read_dir("/proc").unwrap().flatten() {
         let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
@@ -2338,14 +2337,54 @@ fn daemon_rchar(m: &Mount) -> u64 {
             .split(|&b| b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if !args.iter().any(|a| a.ends_with("layerfs")) || !args.contains(&mnt) {
-            continue;
+        if args.iter().any(|a| a.ends_with("layerfs")) && args.contains(&mnt) {
+            return entry.path();
         }
-        let io = fs::read_to_string(entry.path().join("io")).unwrap();
-        let rchar = io.lines().find_map(|l| l.strip_prefix("rchar: ")).unwrap();
-        return rchar.trim().parse().unwrap();
     }
     panic!("no daemon serving {mnt}");
+}
+
+/// What the daemon serving `m` has read through system calls so far (`rchar`): reads served
+/// by the daemon add to it, passthrough reads happen in the reader and do not.
+fn daemon_rchar(m: &Mount) -> u64 {
+    let io = fs::read_to_string(daemon_proc(m).join("io")).unwrap();
+    let rchar = io.lines().find_map(|l| l.strip_prefix("rchar: ")).unwrap();
+    rchar.trim().parse().unwrap()
+}
+
+/// Waits (up to 10 s) until the daemon has no open of the local file `rel` left but its
+/// node's `O_PATH` handle. `close(2)` returns before the kernel sends RELEASE, and an open
+/// made before that arrives shares the mode of the one closed: a reader after a writer
+/// would not get passthrough, nor a writer after it hold the file's holes.
+fn released(m: &Mount, rel: &str) {
+    let want = fs::metadata(m.local.join(rel)).unwrap();
+    let daemon = daemon_proc(m);
+    let opens = || {
+        fs::read_dir(daemon.join("fd"))
+            .unwrap()
+            .flatten()
+            .filter(|fd| {
+                fs::metadata(fd.path())
+                    .is_ok_and(|st| st.dev() == want.dev() && st.ino() == want.ino())
+            })
+            .filter(|fd| {
+                let info = daemon.join("fdinfo").join(fd.file_name());
+                let flags = fs::read_to_string(info).unwrap_or_default();
+                let flags = flags.lines().find_map(|l| l.strip_prefix("flags:"));
+                flags
+                    .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+                    .is_some_and(|f| f & libc::O_PATH as u32 == 0)
+            })
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while opens() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon still holds {rel} open 10 s after its last close"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A fixture mount where files get FUSE passthrough; `None` (and a note) where the kernel
@@ -2368,6 +2407,7 @@ fn reads_inside_a_root_get_passthrough() {
     };
     let q = root(&m, "q", "64M", &[]);
     let data = write_file(&q.join("f"), 8 * MIB as usize, 11);
+    released(&m, "overlay/q/f");
     drop_caches();
     let before = daemon_rchar(&m);
     assert!(fs::read(q.join("f")).unwrap() == data, "content read back");
@@ -2389,6 +2429,7 @@ fn a_writer_beside_a_passthrough_reader_is_counted_and_limited() {
     let q = root(&m, "q", "8M", &[]);
     let base = used(&m, "overlay/q");
     write_file(&q.join("f"), MIB as usize, 5);
+    released(&m, "overlay/q/f");
     let reader = fs::File::open(q.join("f")).unwrap();
     let mut writer = fs::OpenOptions::new()
         .append(true)
@@ -2412,6 +2453,7 @@ fn a_writer_beside_a_passthrough_reader_is_counted_and_limited() {
     let sparse = fs::File::create(q.join("s")).unwrap();
     sparse.set_len(16 * MIB).unwrap();
     drop(sparse);
+    released(&m, "overlay/q/s");
     let reader = fs::File::open(q.join("s")).unwrap();
     assert_errno(
         "a writer of 16 MiB of holes beside a passthrough reader, in an 8 MiB root",
@@ -2454,6 +2496,7 @@ fn a_mapping_beside_a_passthrough_reader_is_counted_at_close() {
     let f = fs::File::create(q.join("m")).unwrap();
     f.set_len(len as u64).unwrap();
     drop(f);
+    released(&m, "overlay/q/m");
     let reader = fs::File::open(q.join("m")).unwrap();
     let writer = fs::OpenOptions::new()
         .read(true)
