@@ -2328,20 +2328,10 @@ fn exchanging_a_root_with_a_plain_directory_keeps_its_quota_across_a_remount() {
 
 /// The `/proc` directory of the daemon serving `m`.
 fn daemon_proc(m: &Mount) -> PathBuf {
-    let mnt = m.mnt.to_string_lossy().into_owned();
-    for entry in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if args.iter().any(|a| a.ends_with("layerfs")) && args.contains(&mnt) {
-            return entry.path();
-        }
-    }
-    panic!("no daemon serving {mnt}");
+    let pid = m
+        .daemon_pid()
+        .expect("the quota tests mount in the foreground");
+    PathBuf::from(format!("/proc/{pid}"))
 }
 
 /// What the daemon serving `m` has read through system calls so far (`rchar`): reads served
@@ -2377,14 +2367,7 @@ fn released(m: &Mount, rel: &str) {
             })
             .count()
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while opens() > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the daemon still holds {rel} open 10 s after its last close"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually(10, &format!("the daemon to close {rel}"), || opens() == 0);
 }
 
 /// A fixture mount where files get FUSE passthrough; `None` (and a note) where the kernel
