@@ -8,10 +8,11 @@ Subcommands:
   fio JSON rw|write            print "<MiB/s> <IOPS>" from a fio --output-format=json file
   meta DIR N                   metadata workload in DIR (created, or an empty dir that exists):
                                create N files, cold stat, readdir, unlink; print JSON ops/s
-  copyup PATH [--strict]       time the first 1-byte write into PATH (open O_WRONLY + pwrite +
+  copyup PATH [--strict] [--trunc]
+                               time the first 1-byte write into PATH (open O_WRONLY + pwrite +
                                fsync + close, after a full read so the source is cached); print ms.
                                A sparse PATH that is not sparse after the copy-up is a warning,
-                               with --strict a failure
+                               with --strict a failure. --trunc opens with O_TRUNC (a rewrite)
   report RESULTS TARGETS...    print the Markdown result tables
 """
 
@@ -182,6 +183,7 @@ def cmd_requests(args):
 def cmd_copyup(args):
     path = args[0]
     strict = "--strict" in args[1:]
+    trunc = os.O_TRUNC if "--trunc" in args[1:] else 0
     before = os.stat(path)
     sparse = before.st_blocks * 512 < before.st_size // 2
     with open(path, "rb") as f:  # read through the target: source cached, nothing dirty
@@ -189,7 +191,7 @@ def cmd_copyup(args):
             pass
     os.sync()
     t = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_WRONLY | trunc)
     os.pwrite(fd, b"x", 0)
     os.fsync(fd)
     os.close(fd)
@@ -198,7 +200,9 @@ def cmd_copyup(args):
         if f.read(1) != b"x":
             raise SystemExit("copy-up: write not visible")
     after = os.stat(path)
-    if sparse and after.st_blocks * 512 > after.st_size // 2:
+    if trunc and after.st_size != 1:
+        raise SystemExit("copy-up: O_TRUNC left %d bytes" % after.st_size)
+    if sparse and not trunc and after.st_blocks * 512 > after.st_size // 2:
         msg = ("copy-up: the holes of a sparse file were filled (%d of %d bytes allocated)"
                % (after.st_blocks * 512, after.st_size))
         if strict:

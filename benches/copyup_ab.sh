@@ -10,6 +10,7 @@
 #                  targets rotates from one copy-up to the next
 #   KIND=dense     dense: SIZE bytes of data; sparse: 1 MiB of data every 64 MiB of SIZE
 #   SIZE=64M       file size
+#   TRUNC=0        1: the copy-up is a rewrite, open(O_WRONLY|O_TRUNC), instead of a 1-byte write
 #   IMG=10G        size of the ext4 image the trees live on
 #   SCRATCH=/dev/shm/layerfs-ab   where the image goes (in memory by default: no disk noise)
 set -euo pipefail
@@ -20,6 +21,7 @@ NEW=${NEW:-$REPO/target/release/layerfs}
 N=${N:-12}
 KIND=${KIND:-dense}
 SIZE=${SIZE:-64M}
+TRUNC=${TRUNC:-0}
 IMG=${IMG:-10G}
 SCRATCH=${SCRATCH:-/dev/shm/layerfs-ab}
 # A ready layer of the fixture; its diff/ is shared by the view.
@@ -31,6 +33,7 @@ die() { printf 'copyup_ab: %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (mounts)"
 [ -x "${OLD:-}" ] || die "OLD must name a layerfs binary to compare with"
 [ -x "$NEW" ] || die "no layerfs binary at $NEW (cargo build --release)"
+case $TRUNC in 0) OPEN=() ;; 1) OPEN=(--trunc) ;; *) die "TRUNC is 0 or 1" ;; esac
 case $KIND in dense) MAKE=mkdata ;; sparse) MAKE=mksparse ;; *) die "KIND is dense or sparse" ;; esac
 [[ "$N" =~ ^[0-9]+$ && "$N" -gt 0 ]] || die "N must be a positive integer"
 BYTES=$(python3 "$BENCH_PY" bytes "$SIZE")
@@ -53,14 +56,15 @@ for i in $(seq "$N"); do
     # time) falls on each target in turn.
     order=("${TARGETS[@]:i%3}" "${TARGETS[@]:0:i%3}")
     for t in "${order[@]}"; do
-        ms[$t]+="$(python3 "$BENCH_PY" copyup "$FS/$t/$REL/$t.$i") "
+        ms[$t]+="$(python3 "$BENCH_PY" copyup "$FS/$t/$REL/$t.$i" "${OPEN[@]}") "
     done
 done
 
-python3 - "$KIND" "$SIZE" "${ms[overlayfs]}" "${ms[old]}" "${ms[new]}" <<'EOF'
+python3 - "$KIND" "$SIZE" "$TRUNC" "${ms[overlayfs]}" "${ms[old]}" "${ms[new]}" <<'EOF'
 import statistics, sys
-kind, size, runs = sys.argv[1], sys.argv[2], [[float(x) for x in a.split()] for a in sys.argv[3:]]
-print(f"copy-up of a {size} {kind} file, ms, in the order taken")
+kind, size, trunc = sys.argv[1:4]
+runs = [[float(x) for x in a.split()] for a in sys.argv[4:]]
+print(f"copy-up of a {size} {kind} file{' by open(O_TRUNC)' if trunc == '1' else ''}, ms, in the order taken")
 for name, ms in zip(["overlayfs", "old", "new"], runs):
     print(f"{name:9} median {statistics.median(ms):7.1f}   " + " ".join(f"{x:.0f}" for x in ms))
 base = statistics.median(runs[0])

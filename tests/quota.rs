@@ -780,8 +780,9 @@ fn a_64_mib_remote_file_does_not_copy_up_into_an_8_mib_quota() {
         fs::OpenOptions::new().read(true).write(true),
         libc::ENOSPC,
     );
-    // `echo >> file` from a shell fails the same way.
-    let out = Command::new("sh")
+    // `echo >> file` from a shell fails the same way: at its write, which copies the file
+    // up (bash names the error; dash's echo calls every write error an I/O error).
+    let out = Command::new("bash")
         .arg("-c")
         .arg(format!("echo x >> '{}'", view.display()))
         .output()

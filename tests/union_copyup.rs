@@ -515,3 +515,119 @@ fn copy_file_range_from_a_handle_opened_before_the_copy_up_copies_the_copy() {
         &read[..8]
     );
 }
+
+// ---- An open that may write copies up at its first change ----
+
+/// Both I/O modes: an open of a remote file for writing is served through the daemon until
+/// its first change, whatever the mount offers.
+fn both_modes(check: impl Fn(&Mount, &str)) {
+    for opts in ["passthrough", "nopassthrough"] {
+        let m = Mount::with(
+            Options {
+                opts: opts.into(),
+                ..Options::default()
+            },
+            |_| {},
+        );
+        check(&m, opts);
+    }
+}
+
+#[test]
+fn an_open_for_writing_that_changes_nothing_copies_nothing_up() {
+    both_modes(|m, opts| {
+        let view = m.diff("L1").join("etc/passwd");
+        let original = fs::read(&view).unwrap();
+        let mut f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&view)
+            .unwrap();
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).unwrap();
+        assert_eq!(got, original, "-o {opts}: read through a writer");
+        drop(f);
+        assert!(
+            !m.local_diff("L1").join("etc/passwd").exists(),
+            "-o {opts}: an open that wrote nothing made a copy"
+        );
+        // Its first write copies the file up whole.
+        let mut f = fs::OpenOptions::new().write(true).open(&view).unwrap();
+        f.seek(SeekFrom::Start(2)).unwrap();
+        f.write_all(b"XY").unwrap();
+        drop(f);
+        let mut want = original.clone();
+        want[2..4].copy_from_slice(b"XY");
+        assert_eq!(fs::read(&view).unwrap(), want, "-o {opts}: view");
+        assert_eq!(
+            fs::read(m.local_diff("L1").join("etc/passwd")).unwrap(),
+            want,
+            "-o {opts}: local"
+        );
+    });
+}
+
+#[test]
+fn writers_opened_before_the_copy_up_share_the_copy() {
+    both_modes(|m, opts| {
+        let view = m.diff("L1").join("etc/passwd");
+        let original = fs::read(&view).unwrap();
+        let mut reader = fs::File::open(&view).unwrap();
+        let open_rw = || {
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&view)
+                .unwrap()
+        };
+        let (mut a, mut b) = (open_rw(), open_rw());
+        a.write_all(b"aa").unwrap();
+        b.seek(SeekFrom::Start(4)).unwrap();
+        b.write_all(b"bb").unwrap();
+        let mut want = original.clone();
+        want[..2].copy_from_slice(b"aa");
+        want[4..6].copy_from_slice(b"bb");
+        // A passthrough reader opened before the copy-up reads the remote file, as
+        // overlayfs's readers do; one served by the daemon reads the copy.
+        let mut all = vec![("a", &mut a), ("b", &mut b)];
+        if opts == "nopassthrough" {
+            all.push(("the reader", &mut reader));
+        }
+        for (who, f) in all {
+            let mut got = Vec::new();
+            f.seek(SeekFrom::Start(0)).unwrap();
+            f.read_to_end(&mut got).unwrap();
+            assert_eq!(got, want, "-o {opts}: {who} reads");
+        }
+    });
+}
+
+#[test]
+fn a_name_replaced_under_a_writer_that_has_not_written_keeps_both() {
+    both_modes(|m, opts| {
+        let dir = m.diff("L1").join("etc");
+        let original = fs::read(dir.join("passwd")).unwrap();
+        let mut f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join("passwd"))
+            .unwrap();
+        fs::write(dir.join("new"), b"replacement").unwrap();
+        fs::rename(dir.join("new"), dir.join("passwd")).unwrap();
+        // The writer's first change copies up the file it opened, not the name's new file.
+        f.write_all(b"zz").unwrap();
+        let mut want = original.clone();
+        want[..2].copy_from_slice(b"zz");
+        let mut got = Vec::new();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.read_to_end(&mut got).unwrap();
+        assert_eq!(got, want, "-o {opts}: the writer's file");
+        drop(f);
+        assert_eq!(
+            fs::read(dir.join("passwd")).unwrap(),
+            b"replacement",
+            "-o {opts}: the name's new file"
+        );
+        assert_no_temp_names(&m.local);
+    });
+}

@@ -161,6 +161,14 @@ impl BackingTable {
         }
     }
 
+    /// Whether the kernel's inode `ino` has a backing file of `layer`.
+    pub fn bound_to(&self, ino: u64, layer: Layer) -> bool {
+        matches!(
+            self.slots.lock().get(&ino),
+            Some(Slot::Passthrough { layer: bound, .. }) if *bound == layer
+        )
+    }
+
     pub fn release(&self, ino: u64) {
         let gone = {
             let mut slots = self.slots.lock();

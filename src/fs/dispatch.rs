@@ -157,8 +157,21 @@ impl LayerFs {
         });
     }
 
-    /// Whether a request on the open file `fh` may wait on the remote: it was opened there.
+    /// Whether I/O on the open file `fh` may wait on the remote: it was opened there and
+    /// the file has no local copy yet (a change through it makes one, reads go to it).
     fn handle_may_wait(&self, fh: FileHandle) -> bool {
+        self.core
+            .handles
+            .file(fh.0)
+            .and_then(|h| {
+                h.as_file()
+                    .map(|f| f.layer == Layer::Remote && f.node.layer() != Layer::Local)
+            })
+            .unwrap_or(false)
+    }
+
+    /// Whether closing the open file `fh` may wait on the remote: it was opened there.
+    fn handle_on_remote(&self, fh: FileHandle) -> bool {
         self.core
             .handles
             .file(fh.0)
@@ -409,11 +422,10 @@ impl Filesystem for LayerFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // Writable opens are always of local objects (opening one copies it up).
+        // The first write through an open of a remote file copies it up.
         let who = Who::of(req);
-        self.here("write", |core| {
-            core.write(who, fh, offset, data, write_flags, reply)
-        });
+        let wait = self.handle_may_wait(fh);
+        serve!(self, "write", wait, core => core.write(who, fh, offset, data, write_flags, reply), own { data });
     }
 
     fn flush(
@@ -440,7 +452,7 @@ impl Filesystem for LayerFs {
         reply: ReplyEmpty,
     ) {
         // Closing a file of a network share can wait on it too.
-        let wait = self.handle_may_wait(fh);
+        let wait = self.handle_on_remote(fh);
         serve!(self, "release", wait, core => core.release(fh, reply), own {});
     }
 
@@ -575,9 +587,8 @@ impl Filesystem for LayerFs {
         reply: ReplyEmpty,
     ) {
         let who = Who::of(req);
-        self.here("fallocate", |core| {
-            core.fallocate(who, fh, offset, length, mode, reply)
-        });
+        let wait = self.handle_may_wait(fh);
+        serve!(self, "fallocate", wait, core => core.fallocate(who, fh, offset, length, mode, reply), own {});
     }
 
     fn lseek(
@@ -624,7 +635,7 @@ impl Filesystem for LayerFs {
     ) {
         let who = Who::of(req);
         let (from, to) = ((fh_in, offset_in), (fh_out, offset_out));
-        let wait = self.handle_may_wait(fh_in);
+        let wait = self.handle_may_wait(fh_in) || self.handle_may_wait(fh_out);
         serve!(self, "copy_file_range", wait, core => core.copy_file_range(who, from, to, len, reply), own {});
     }
 }

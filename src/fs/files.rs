@@ -1,5 +1,7 @@
 //! Open files: opens (and the passthrough each gets), I/O through the daemon, release and sync.
 
+use std::os::fd::BorrowedFd;
+
 use super::*;
 
 impl Core {
@@ -7,8 +9,10 @@ impl Core {
     /// read-only open gets passthrough anywhere. One that may write gets it only outside
     /// quota roots; under one, its writes go through the daemon, uncached, naming the
     /// inode's backing file where readers gave it one (see `backing`, and
-    /// [`crate::view::View::hold_holes`] for what such a writer holds). `None`: the
-    /// kernel's inode has a backing file of another layer (see `backing`).
+    /// [`crate::view::View::hold_holes`] for what such a writer holds). A remote file
+    /// opened for writing before its copy-up has no file to write through yet: its I/O goes
+    /// through the daemon. `None`: the kernel's inode has a backing file of another layer
+    /// (see `backing`).
     fn grant(
         &self,
         node: &Arc<Node>,
@@ -19,9 +23,10 @@ impl Core {
         open: impl FnOnce(&OwnedFd) -> std::io::Result<fuser::BackingId>,
     ) -> Result<Option<Granted>, Errno> {
         let free = !writes || self.view.may_bypass(node);
+        let before_copy_up = writes && layer != Layer::Local;
         let opening = Opening {
             layer,
-            passthrough: self.passthrough.load(Ordering::Relaxed) && free,
+            passthrough: self.passthrough.load(Ordering::Relaxed) && free && !before_copy_up,
             intercept: writes && !free,
             writes,
             rights: registered_rights(who, layer),
@@ -57,9 +62,40 @@ impl Core {
         }
         let mut copy = file.copy.lock();
         if copy.is_none() {
-            *copy = Some(Arc::new(self.view.reopen(&file.node, libc::O_RDONLY)?));
+            *copy = Some(Arc::new(self.view.reopen(&file.node, file.copy_flags)?));
         }
         Ok(copy.clone())
+    }
+
+    /// What a read through `file` reads: the copy, for a remote file opened before a
+    /// copy-up (see [`Core::copy_of`]), else the file it opened.
+    fn readable<'a>(&self, file: &'a OpenFile) -> Result<Target<'a>, Errno> {
+        Ok(match self.copy_of(file)? {
+            Some(copy) => Target::Copy(copy),
+            None => Target::Opened(&file.fd),
+        })
+    }
+
+    /// What a change through `file` writes to: the file it opened, or, for a remote file
+    /// opened before its copy-up, the copy, made now if this is the file's first change.
+    fn writable<'a>(&self, file: &'a OpenFile) -> Result<Target<'a>, Errno> {
+        if file.layer == Layer::Local {
+            return Ok(Target::Opened(&file.fd));
+        }
+        if !file.writes() {
+            return Err(Errno::EBADF);
+        }
+        self.view.copy_up(&file.node, true)?;
+        self.copy_of(file)?.map(Target::Copy).ok_or(Errno::EIO)
+    }
+
+    /// How the kernel is to cache an open file's data.
+    fn open_flags(&self, grant: &Grant) -> FopenFlags {
+        match grant {
+            Grant::Passthrough(_) => FopenFlags::empty(),
+            Grant::Cached => FopenFlags::FOPEN_KEEP_CACHE,
+            Grant::Direct(_) | Grant::Uncached => FopenFlags::FOPEN_DIRECT_IO,
+        }
     }
 
     /// Records an open and what it was granted; returns its handle number and the grant,
@@ -69,10 +105,11 @@ impl Core {
         node: &Arc<Node>,
         fd: OwnedFd,
         layer: Layer,
-        writes: bool,
+        flags: i32,
         created: bool,
         Granted { grant, held }: Granted,
     ) -> (u64, Grant) {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // A shared writable mapping of this open changes the file where the daemon cannot
         // see it: from now on the kernel trusts its attributes for a tick only. A file just
         // created is new to the kernel, which takes its attributes from the reply.
@@ -90,6 +127,7 @@ impl Core {
             layer,
             mode: grant.mode(),
             copy: Mutex::new(None),
+            copy_flags: copy_flags(flags),
             _held: held,
         }));
         (fh, grant)
@@ -103,12 +141,16 @@ impl Core {
         reply: ReplyOpen,
     ) -> Handed<ReplyOpen> {
         let node = tri!(reply, self.view.node(ino.0));
-        let (fd, layer) = opened!(reply, self.patiently(|view| view.open(&node, flags.0)));
-        // `FUSE_ATOMIC_O_TRUNC`: the kernel leaves the set-ID bits of a truncating open to us.
-        if flags.0 & libc::O_TRUNC != 0 && req.uid() != 0 {
-            tri!(reply, self.view.drop_privileges(&node, caller(req)));
-        }
         let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
+        // A remote file opened for writing is copied up by its first change (a truncating
+        // open's SETATTR copies no data), unless the kernel's inode maps the remote file
+        // for passthrough readers: a writer then needs a new inode, bound to the copy (see
+        // `backing`), and the copy is made now.
+        let defer = writes && !self.backing.bound_to(node.ino, Layer::Remote);
+        let (fd, layer) = opened!(
+            reply,
+            self.patiently(|view| view.open(&node, flags.0, defer))
+        );
         let who = caller(req);
         let granted = self.grant(&node, &fd, layer, writes, who, |fd| reply.open_backing(fd));
         let Some(granted) = tri!(reply, granted) else {
@@ -121,8 +163,8 @@ impl Core {
             reply.error(errno(Errno::ESTALE));
             return Ok(());
         };
-        let (fh, grant) = self.opened(&node, fd, layer, writes, false, granted);
-        let fopen = open_flags(&grant);
+        let (fh, grant) = self.opened(&node, fd, layer, flags.0, false, granted);
+        let fopen = self.open_flags(&grant);
         match &grant {
             // The kernel wants every open of an inode with a backing file to name it.
             Grant::Passthrough(id) | Grant::Direct(id) => {
@@ -138,8 +180,8 @@ impl Core {
         let Some(file) = handle.as_file() else {
             return reply.error(errno(Errno::EBADF));
         };
-        let copy = tri!(reply, self.copy_of(file));
-        let fd = copy.as_deref().unwrap_or(&file.fd).as_fd();
+        let target = tri!(reply, self.readable(file));
+        let fd = target.as_fd();
         let mut buf = vec![0u8; size as usize];
         let mut done = 0;
         while done < buf.len() {
@@ -176,10 +218,11 @@ impl Core {
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             tri!(reply, self.view.drop_privileges(&file.node, who));
         }
+        let target = tri!(reply, self.writable(file));
         let done = tri!(
             reply,
             self.view
-                .write_at(&file.node, file.fd.as_fd(), offset, data, who)
+                .write_at(&file.node, target.as_fd(), offset, data, who)
         );
         reply.written(done as u32);
     }
@@ -188,6 +231,9 @@ impl Core {
         if let Some(handle) = self.handles.remove(fh.0) {
             if let Some(file) = handle.as_file() {
                 self.backing.release(file.node.ino);
+                if file.layer != Layer::Local && file.writes() {
+                    self.view.writer_closed(&file.node);
+                }
                 // What the kernel holds of a file written through a mapping lives a tick
                 // (`MAPPED_WRITER_TTL`), so it is read again anyway: nothing to drop here.
                 let counted = file.counted();
@@ -203,10 +249,12 @@ impl Core {
         let Some(file) = handle.as_file() else {
             return reply.error(errno(Errno::EBADF));
         };
+        // An open from before a copy-up syncs the copy its changes went to.
+        let target = tri!(reply, self.readable(file));
         let res = if datasync {
-            nix::unistd::fdatasync(file.fd.as_fd())
+            nix::unistd::fdatasync(target.as_fd())
         } else {
-            nix::unistd::fsync(file.fd.as_fd())
+            nix::unistd::fsync(target.as_fd())
         };
         tri!(reply, res);
         if let Some(fd) = file.counted() {
@@ -238,8 +286,8 @@ impl Core {
             grant: Grant::Uncached,
             held: None,
         });
-        let (fh, grant) = self.opened(&entry.node, fd, layer, writes, true, granted);
-        let fopen = open_flags(&grant);
+        let (fh, grant) = self.opened(&entry.node, fd, layer, flags, true, granted);
+        let fopen = self.open_flags(&grant);
         let backing = match &grant {
             Grant::Passthrough(id) | Grant::Direct(id) => Some(&**id),
             Grant::Cached | Grant::Uncached => None,
@@ -270,11 +318,12 @@ impl Core {
         let Some(file) = handle.as_file() else {
             return reply.error(errno(Errno::EBADF));
         };
+        let target = tri!(reply, self.writable(file));
         tri!(
             reply,
             self.view.fallocate_at(
                 &file.node,
-                file.fd.as_fd(),
+                target.as_fd(),
                 mode,
                 offset,
                 length,
@@ -289,9 +338,8 @@ impl Core {
         let Some(file) = handle.as_file() else {
             return reply.error(errno(Errno::EBADF));
         };
-        let copy = tri!(reply, self.copy_of(file));
-        let fd = copy.as_deref().unwrap_or(&file.fd);
-        let res = unsafe { libc::lseek(fd.as_raw_fd(), offset as libc::off_t, whence) };
+        let target = tri!(reply, self.readable(file));
+        let res = unsafe { libc::lseek(target.as_fd().as_raw_fd(), offset as libc::off_t, whence) };
         let pos = tri!(reply, Errno::result(res));
         reply.offset(pos);
     }
@@ -313,20 +361,45 @@ impl Core {
         let (Some(src), Some(dst)) = (src.as_file(), dst.as_file()) else {
             return reply.error(errno(Errno::EBADF));
         };
-        // What a read of `src` would read.
-        let copy = tri!(reply, self.copy_of(src));
-        let src_fd = copy.as_deref().unwrap_or(&src.fd);
+        let to = tri!(reply, self.writable(dst));
+        // What a read of `src` would read, taken after `dst`'s copy-up: the two may be one
+        // remote file.
+        let from = tri!(reply, self.readable(src));
         let n = tri!(
             reply,
             self.view.copy_range_at(
                 &dst.node,
-                (src_fd.as_fd(), offset_in),
-                (dst.fd.as_fd(), offset_out),
+                (from.as_fd(), offset_in),
+                (to.as_fd(), offset_out),
                 len,
                 caller(req),
             )
         );
         reply.written(n as u32);
+    }
+}
+
+/// The descriptor a request on an open file works on: the file it opened, or the copy of a
+/// remote file opened before its copy-up.
+enum Target<'a> {
+    Opened(&'a OwnedFd),
+    Copy(Arc<OwnedFd>),
+}
+
+impl AsFd for Target<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Target::Opened(fd) => fd.as_fd(),
+            Target::Copy(fd) => fd.as_fd(),
+        }
+    }
+}
+
+/// How an open's local copy is opened, from its own flags (see [`OpenFile::copy_flags`]).
+fn copy_flags(flags: i32) -> i32 {
+    match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => libc::O_RDONLY,
+        _ => libc::O_RDWR | (flags & (libc::O_SYNC | libc::O_DSYNC)),
     }
 }
 
@@ -359,14 +432,5 @@ fn registered_rights(who: Caller, layer: Layer) -> Rights {
     match layer {
         Layer::Local if who.uid != 0 => Rights::User,
         _ => Rights::Root,
-    }
-}
-
-/// How the kernel is to cache an open file's data.
-fn open_flags(grant: &Grant) -> FopenFlags {
-    match grant {
-        Grant::Passthrough(_) => FopenFlags::empty(),
-        Grant::Cached => FopenFlags::FOPEN_KEEP_CACHE,
-        Grant::Direct(_) | Grant::Uncached => FopenFlags::FOPEN_DIRECT_IO,
     }
 }

@@ -38,9 +38,13 @@ pub struct FileHandle {
     pub fd: OwnedFd,
     pub layer: Layer,
     pub mode: IoMode,
-    /// A remote file opened before its copy-up, read through the daemon: the copy, opened
-    /// for reading on the first read after it (see `LayerFs::read`).
+    /// A remote file opened before its copy-up, served through the daemon: the copy, opened
+    /// with `copy_flags` on the first read after the copy-up, or on the open's first
+    /// change, which makes the copy (see `Core::copy_of` and `Core::writable`).
     pub copy: Mutex<Option<Arc<OwnedFd>>>,
+    /// How `copy` is opened: `O_RDWR` and the open's sync flags for an open that may write,
+    /// `O_RDONLY` otherwise.
+    pub copy_flags: i32,
     /// Quota set aside while the open lasts.
     pub _held: Option<Reserved>,
 }
@@ -51,6 +55,11 @@ impl FileHandle {
     /// the opens of it).
     pub fn counted(&self) -> Option<BorrowedFd<'_>> {
         (self.layer == Layer::Local).then(|| self.fd.as_fd())
+    }
+
+    /// Whether the open may write.
+    pub fn writes(&self) -> bool {
+        self.copy_flags & libc::O_ACCMODE != libc::O_RDONLY
     }
 }
 

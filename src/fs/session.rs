@@ -11,8 +11,6 @@ impl Core {
             InitFlags::FUSE_PARALLEL_DIROPS,
             // A symlink's target never changes: cache it.
             InitFlags::FUSE_CACHE_SYMLINKS,
-            // O_TRUNC arrives with the open, so a truncating open copies up no data.
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
             // Direct-I/O opens (see backing.rs) can still be mmapped.
             InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
             // The kernel enforces POSIX ACLs (read through getxattr) and leaves the umask
@@ -27,6 +25,12 @@ impl Core {
             // (it keeps a setgid bit without group-execute that a non-member must lose).
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ];
+        // Not FUSE_ATOMIC_O_TRUNC: with it, the daemon would truncate while serving the OPEN,
+        // before the kernel decides whether the open may truncate at all (a running
+        // executable: ETXTBSY; a security module: EACCES). A refused open would then have
+        // emptied the file. Without it, the truncation comes as a SETATTR after those checks,
+        // at the price of copying a remote file's data up before it is truncated (as kernel
+        // overlayfs does for a truncating open).
         for flag in wanted {
             if offered.contains(flag) {
                 let _ = config.add_capabilities(flag);

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, RenameFlags};
 use nix::sys::stat::{Mode, SFlag};
+use parking_lot::MutexGuard;
 use tracing::debug;
 
 use super::inodes::Identity;
@@ -142,7 +143,17 @@ impl View {
         if node.is_dir() {
             return self.ensure_local_dir(node).map(drop);
         }
-        let _one_at_a_time = node.copy_lock();
+        let copying = node.copy_lock();
+        self.copy_up_holding(node, with_data, &copying)
+    }
+
+    /// [`View::copy_up`] of a non-directory whose copy lock the caller holds (`_copying`).
+    pub(in crate::view) fn copy_up_holding(
+        &self,
+        node: &Arc<Node>,
+        with_data: bool,
+        _copying: &MutexGuard<'_, ()>,
+    ) -> Result<(), Errno> {
         let (layer, link, source) = {
             let st = node.state();
             (st.layer, st.link.clone(), st.object.clone())

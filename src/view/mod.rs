@@ -67,7 +67,7 @@ use nix::fcntl::OFlag;
 use parking_lot::RwLock;
 
 use crate::layout::LayoutIndex;
-use crate::quota::{Accounting, Allocated, Charge, Ledger};
+use crate::quota::{Accounting, Ledger};
 pub use crate::store::open_root;
 use crate::store::{self, cname, creds, Kind};
 use inodes::{Identity, InodeTable, NewNode, ROOT_INO};
@@ -714,6 +714,13 @@ impl View {
         aliases.into_iter().map(|(p, name)| (p.ino, name)).collect()
     }
 
+    /// An open that [`View::open`] made of a remote file before its copy-up, to write it
+    /// later, was closed.
+    pub fn writer_closed(&self, node: &Node) {
+        let mut state = node.state();
+        state.writers_before_copy_up = state.writers_before_copy_up.saturating_sub(1);
+    }
+
     /// Writes everything of local's filesystem to disk (the mount is going away).
     pub fn sync_local(&self) -> Result<(), Errno> {
         let fd = store::reopen(
@@ -739,43 +746,56 @@ impl View {
         Ok(self.quota().statfs(&self.quota().under(node), local))
     }
 
-    /// Opens a file for I/O, copying it up first when the open may write.
-    pub fn open(&self, node: &Arc<Node>, flags: i32) -> Result<(OwnedFd, Layer), Errno> {
+    /// Opens a file for I/O. An open that may write copies a remote file up first, unless
+    /// `defer_copy_up`: then it opens the remote file read-only, and the open's first change
+    /// copies it up ([`View::copy_up`]), so that an open that never changes the file leaves
+    /// it where it was and a truncating one copies no data. Such an open is counted until
+    /// [`View::writer_closed`]: a copy-up needs the file's name, so removing the name copies
+    /// the file up first.
+    ///
+    /// An open changes nothing in the file: the kernel sends O_TRUNC's truncation as a
+    /// SETATTR once it has decided that the open may truncate (see `fs::session`), so an
+    /// open it refuses leaves every byte where it was.
+    pub fn open(
+        &self,
+        node: &Arc<Node>,
+        flags: i32,
+        defer_copy_up: bool,
+    ) -> Result<(OwnedFd, Layer), Errno> {
         if node.kind != Kind::File {
             return Err(Errno::EINVAL);
         }
-        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         if writes && node.layer() != Layer::Local {
-            self.copy_up(node, flags & libc::O_TRUNC == 0)?;
+            if !defer_copy_up {
+                self.copy_up(node, true)?;
+            } else {
+                // Counted under the copy lock, which a removal holds as it looks.
+                let _copying = node.copy_lock();
+                let (layer, object) = node.placed();
+                if layer != Layer::Local {
+                    let object = object.ok_or(Errno::EINVAL)?;
+                    let fd = store::reopen(object.as_fd(), OFlag::O_RDONLY)?;
+                    node.state().writers_before_copy_up += 1;
+                    return Ok((fd, layer));
+                }
+            }
         }
         let (layer, object) = node.placed();
         let object = object.ok_or(Errno::EINVAL)?;
         // The kernel has already applied O_CREAT/O_EXCL; O_APPEND positions come with each
-        // write; O_DIRECT alignment is the kernel's business, not the backing file's.
-        let keep = libc::O_ACCMODE | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
+        // write; O_DIRECT alignment is the kernel's business, not the backing file's. O_TRUNC
+        // never comes (and would truncate before the kernel's checks): it is not kept.
+        let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
         let oflags = match layer {
             Layer::Local => OFlag::from_bits_truncate(flags & keep),
             _ => OFlag::O_RDONLY | (OFlag::from_bits_truncate(flags) & OFlag::O_NOATIME),
         };
-        // A truncating open frees the file's blocks: its quota root gets them back.
-        let truncating = (layer == Layer::Local && oflags.contains(OFlag::O_TRUNC))
-            .then(|| self.quota().under(node))
-            .filter(|under| !under.is_none())
-            .map(|under| (under, Allocated::at(object.as_fd())));
-        let fd = store::reopen(object.as_fd(), oflags);
-        if let (Ok(fd), Some((under, before))) = (&fd, truncating) {
-            let change = Charge::File {
-                obj: &**node,
-                fd: fd.as_fd(),
-                before: Some(before),
-            };
-            self.quota().charge(&under, change);
-        }
         // O_NOATIME is refused on files the daemon does not own when the caller asked for
         // it; retry without rather than fail a read.
-        match fd {
+        match store::reopen(object.as_fd(), oflags) {
             Err(Errno::EPERM) if oflags.contains(OFlag::O_NOATIME) => {
-                self.open(node, flags & !libc::O_NOATIME)
+                self.open(node, flags & !libc::O_NOATIME, defer_copy_up)
             }
             other => other.map(|fd| (fd, layer)),
         }

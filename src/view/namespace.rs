@@ -347,10 +347,13 @@ impl View {
         let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
         // As for a removal: a copy-up of the replaced object under way would land on the
         // name after the move. An exchanged one is copied up here, and has none under way.
-        let _copying = dst
+        let copying = dst
             .as_ref()
             .filter(|_| !exchange)
-            .map(|d| d.node.copy_lock());
+            .map(|d| (&d.node, d.node.copy_lock()));
+        if let Some((node, copying)) = &copying {
+            self.copy_up_for_writers(node, copying)?;
+        }
         if let Some(dst) = &dst {
             if exchange {
                 self.make_movable(&dst.node)?;
@@ -539,9 +542,16 @@ impl View {
 
     /// Removes a name: its local entry, replaced by a whiteout in the same step if
     /// something shows below, or just a whiteout over what is below.
-    fn remove(&self, parent: &Arc<Node>, name: &OsStr, c: &CStr, node: &Node) -> Result<(), Errno> {
+    fn remove(
+        &self,
+        parent: &Arc<Node>,
+        name: &OsStr,
+        c: &CStr,
+        node: &Arc<Node>,
+    ) -> Result<(), Errno> {
         // A copy-up under way would put the object under its name after the removal.
-        let _copying = node.copy_lock();
+        let copying = node.copy_lock();
+        self.copy_up_for_writers(node, &copying)?;
         let below = self.exists_below(parent, name, c)?;
         let root = self.quota().under(parent);
         let fds = parent.dir_fds();
@@ -581,6 +591,24 @@ impl View {
             node.state().remove_alias(parent.ino, name);
         }
         Ok(())
+    }
+
+    /// Copies up a remote file that opens made to write it later still hold (see
+    /// [`View::open`]), before its name goes: their first change copies it up through that
+    /// name, and must find the file, not what may take the name's place.
+    fn copy_up_for_writers(
+        &self,
+        node: &Arc<Node>,
+        copying: &parking_lot::MutexGuard<'_, ()>,
+    ) -> Result<(), Errno> {
+        let waiting = {
+            let state = node.state();
+            state.layer != Layer::Local && state.writers_before_copy_up > 0
+        };
+        match waiting && !node.is_dir() {
+            true => self.copy_up_holding(node, true, copying),
+            false => Ok(()),
+        }
     }
 
     /// A local name of the object `st` is gone: its last one frees its inode number.

@@ -74,6 +74,9 @@ pub struct NodeState {
     /// How many passthrough opens may write: through a shared mapping, unseen by the
     /// daemon, so the kernel must not cache the attributes while there are any.
     pub mapped_writers: u32,
+    /// How many opens that may write were made of this file while it was remote: its copy-up
+    /// waits for their first change, and needs its name (see `View::open`).
+    pub writers_before_copy_up: u32,
 }
 
 impl Node {
@@ -201,6 +204,7 @@ impl NodeState {
             open_files: 0,
             passthrough_opens: 0,
             mapped_writers: 0,
+            writers_before_copy_up: 0,
         }
     }
 
