@@ -20,6 +20,7 @@ use crate::layout::{LayoutIndex, Scanner};
 use crate::metrics::{InodeCounts, Metrics, Sources};
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
 use crate::report::{ImageInfo, LayerInfo, QuotaAnswer, QuotaRequest, RoundReport, Status};
+use crate::store::atime::{self, AccessTimes, Atime};
 use crate::view::{open_root, Layout, View};
 
 /// Mounts and serves until the filesystem is unmounted (by `umount`, `fusermount3 -u`, or
@@ -49,7 +50,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         })
     };
     let remote = open(&config.remote)?;
-    let local = open(&config.local)?;
+    let local = open_local(config)?;
     // Exposed, the layout lives where the runtime sees it, and its absolute links say so.
     let link_base = config.expose_into.as_ref().unwrap_or(&config.mountpoint);
     let layout = Layout::new(&config.driver, link_base, config.link_style);
@@ -109,6 +110,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     let transport = Transport {
         passthrough: config.passthrough,
         io_uring: config.io_uring,
+        keep_cache: config.atime.files != Atime::StrictAtime,
     };
     let fs = LayerFs::new(
         view.clone(),
@@ -486,6 +488,7 @@ fn open_session(
         read_only: config.read_only,
         suid: config.suid,
         dev: config.dev,
+        atime: config.atime,
     };
     let (device, mount) = kernel_mount::mount(&spec)
         .map_err(|e| std::io::Error::other(format!("mount(2) of fuse.layerfs: {e}")))?;
@@ -496,6 +499,40 @@ fn open_session(
         Err(e) => {
             let _ = mount.unmount();
             Err(e)
+        }
+    }
+}
+
+/// Local, reached through a private clone of its mount on which reads move access times as
+/// the view's mode says (see `store::atime`); a read-only view moves none, as the kernel
+/// moves none on a read-only mount. Where no clone can be made (not root), reads follow
+/// local's own mount.
+fn open_local(config: &MountConfig) -> Result<std::os::fd::OwnedFd> {
+    let times = match config.read_only {
+        true => AccessTimes {
+            files: Atime::NoAtime,
+            dirs: false,
+        },
+        false => config.atime,
+    };
+    let opened =
+        atime::open_clone(&config.local, times).and_then(|fd| {
+            match crate::store::stat_fd(fd.as_fd())?.st_mode & libc::S_IFMT {
+                libc::S_IFDIR => Ok(fd),
+                _ => Err(nix::errno::Errno::ENOTDIR),
+            }
+        });
+    match opened {
+        Ok(fd) => Ok(fd),
+        Err(e) => {
+            if times != AccessTimes::default() {
+                warn!(error = %e, local = %config.local.display(),
+                      "no private mount of local for the access-time mode; reads move access times as local's own mount says");
+            }
+            open_root(&config.local).map_err(|source| Error::Open {
+                path: config.local.clone(),
+                source,
+            })
         }
     }
 }
@@ -528,6 +565,9 @@ fn fuse_config(config: &MountConfig) -> Config {
     } else {
         MountOption::NoDev
     });
+    if config.atime.files == Atime::NoAtime {
+        options.push(MountOption::NoAtime);
+    }
     let mut fuse = Config::default();
     fuse.mount_options = options;
     fuse.acl = if config.allow_other {

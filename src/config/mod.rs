@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::store::atime::AccessTimes;
 use crate::view::LinkStyle;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +26,8 @@ pub struct MountConfig {
     pub read_only: bool,
     pub suid: bool,
     pub dev: bool,
+    /// When reads move access times.
+    pub atime: AccessTimes,
     pub foreground: bool,
     pub threads: usize,
     pub remote_threads: usize,
@@ -64,6 +67,7 @@ impl Default for MountConfig {
             read_only: false,
             suid: false,
             dev: false,
+            atime: AccessTimes::default(),
             foreground: false,
             // One per CPU: the kernel hands each request to the thread that has waited
             // longest, so spare threads only move requests to cold CPUs (a third more CPU

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::{bad, parse_driver, parse_duration, parse_secs, MountConfig};
 use crate::error::{Error, Result};
+use crate::store::atime::Atime;
 use crate::view::LinkStyle;
 
 /// One row of the table: an option, or a pair of options that undo each other.
@@ -147,6 +148,35 @@ pub const OPTIONS: &[MountOption] = &[
         takes_value: false,
         apply: |c, g| {
             c.dev = g.key == "dev";
+            Ok(())
+        },
+    },
+    MountOption {
+        usage: "noatime | relatime | strictatime",
+        flag: None,
+        meaning: "when a read moves a file's access time: never, when it is not after the \
+                  modification or change time or is a day old, or always (exec included)",
+        default: "relatime",
+        keys: &["noatime", "relatime", "strictatime"],
+        takes_value: false,
+        apply: |c, g| {
+            c.atime.files = match g.key {
+                "noatime" => Atime::NoAtime,
+                "strictatime" => Atime::StrictAtime,
+                _ => Atime::RelAtime,
+            };
+            Ok(())
+        },
+    },
+    MountOption {
+        usage: "diratime | nodiratime",
+        flag: None,
+        meaning: "whether listing a directory moves its access time (as files' do)",
+        default: "diratime",
+        keys: &["diratime", "nodiratime"],
+        takes_value: false,
+        apply: |c, g| {
+            c.atime.dirs = g.key == "diratime";
             Ok(())
         },
     },

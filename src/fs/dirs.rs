@@ -16,7 +16,7 @@ impl Core {
         // entries change only through this mount (which bumps the directory's version, and
         // that drops the cached listing) or through a refresh, which invalidates the
         // directories whose entries it changes (see `refresh::invalidate`).
-        let cache = if self.timeouts.entry.is_zero() {
+        let cache = if self.timeouts.entry.is_zero() || !self.keep_cache {
             FopenFlags::empty()
         } else {
             FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE

@@ -93,7 +93,8 @@ impl Core {
     fn open_flags(&self, grant: &Grant) -> FopenFlags {
         match grant {
             Grant::Passthrough(_) => FopenFlags::empty(),
-            Grant::Cached => FopenFlags::FOPEN_KEEP_CACHE,
+            Grant::Cached if self.keep_cache => FopenFlags::FOPEN_KEEP_CACHE,
+            Grant::Cached => FopenFlags::empty(),
             Grant::Direct(_) | Grant::Uncached => FopenFlags::FOPEN_DIRECT_IO,
         }
     }

@@ -21,6 +21,8 @@ use nix::fcntl::OFlag;
 use nix::mount::MsFlags;
 use nix::sys::stat::Mode;
 
+use crate::store::atime::{AccessTimes, Atime};
+
 /// The filesystem type layerfs mounts as (`/proc/mounts` and `findmnt` show it).
 pub const FSTYPE: &str = "fuse.layerfs";
 
@@ -35,6 +37,8 @@ pub struct MountSpec<'a> {
     pub read_only: bool,
     pub suid: bool,
     pub dev: bool,
+    /// Shown in `/proc/mounts`; the daemon applies it (see `store::atime`).
+    pub atime: AccessTimes,
 }
 
 /// A live mount of ours.
@@ -62,6 +66,12 @@ pub fn mount(spec: &MountSpec<'_>) -> Result<(OwnedFd, KernelMount), Errno> {
     flags.set(MsFlags::MS_RDONLY, spec.read_only);
     flags.set(MsFlags::MS_NOSUID, !spec.suid);
     flags.set(MsFlags::MS_NODEV, !spec.dev);
+    flags |= match spec.atime.files {
+        Atime::NoAtime => MsFlags::MS_NOATIME,
+        Atime::RelAtime => MsFlags::MS_RELATIME,
+        Atime::StrictAtime => MsFlags::MS_STRICTATIME,
+    };
+    flags.set(MsFlags::MS_NODIRATIME, !spec.atime.dirs);
     // Commas would split the kernel's option string; the source is for display only.
     let source = spec.fsname.replace(',', "_");
     nix::mount::mount(

@@ -63,6 +63,10 @@ pub struct Transport {
     pub passthrough: bool,
     /// Requests come through FUSE over io_uring (see [`ring`]).
     pub io_uring: bool,
+    /// The kernel keeps the data and listings it cached from one open to the next. Off
+    /// under `strictatime`: every open's reads then reach local, where they move the access
+    /// time (see `store::atime`).
+    pub keep_cache: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +94,7 @@ pub struct Core {
     want_passthrough: bool,
     passthrough: AtomicBool,
     want_ring: bool,
+    keep_cache: bool,
     /// Whether the kernel took FUSE_OVER_IO_URING at `init`: the ring's queues may register.
     ring: Arc<AtomicBool>,
     notices: Arc<Notices>,
@@ -106,6 +111,7 @@ impl Core {
             want_passthrough: transport.passthrough,
             passthrough: AtomicBool::new(false),
             want_ring: transport.io_uring,
+            keep_cache: transport.keep_cache,
             ring: Arc::new(AtomicBool::new(false)),
         }
     }

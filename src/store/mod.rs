@@ -7,6 +7,7 @@
 //! swapped for a symlink by a concurrent rename, cannot lead the daemon (which runs as root)
 //! anywhere else.
 
+pub mod atime;
 pub mod copy;
 pub mod creds;
 pub mod dirent;
