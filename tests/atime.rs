@@ -102,9 +102,18 @@ fn relatime_moves_an_access_time_that_is_not_after_the_modification_or_a_day_old
     each_io_mode(|io| {
         let m = mount(io);
         assert!(read_moves(&m, "older", 100, 50), "{io}: atime before mtime");
-        assert!(read_moves(&m, "changed", 50, 100), "{io}: atime before ctime");
-        assert!(!read_moves(&m, "newer", -50, 100), "{io}: atime after mtime and ctime");
-        assert!(read_moves(&m, "stale", 2 * 86_400, 3 * 86_400), "{io}: a day old");
+        assert!(
+            read_moves(&m, "changed", 50, 100),
+            "{io}: atime before ctime"
+        );
+        assert!(
+            !read_moves(&m, "newer", -50, 100),
+            "{io}: atime after mtime and ctime"
+        );
+        assert!(
+            read_moves(&m, "stale", 2 * 86_400, 3 * 86_400),
+            "{io}: a day old"
+        );
         assert!(exec_moves(&m, "prog", 100, 50), "{io}: exec");
         assert!(listing_moves(&m, "dir", 100, 50), "{io}: listing");
         assert!(!listing_moves(&m, "dir2", -50, 100), "{io}: listing, newer");

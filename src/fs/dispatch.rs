@@ -210,7 +210,9 @@ impl Filesystem for LayerFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let wait = self.view_of().name_may_wait(parent.0, name);
+        // A file handle's `.` or `..` may walk a path through the shared areas.
+        let by_handle = matches!(name.as_encoded_bytes(), b"." | b"..");
+        let wait = by_handle || self.view_of().name_may_wait(parent.0, name);
         self.opening(
             "lookup",
             wait,

@@ -9,6 +9,18 @@ impl Core {
         name: &OsStr,
         reply: ReplyEntry,
     ) -> Handed<ReplyEntry> {
+        // `.` and `..` come only from file handles (see `view::exports`): the node by its
+        // number, and a directory's parent. The kernel makes ENOENT of either ESTALE.
+        let found = match name.as_encoded_bytes() {
+            b"." => Some(self.patiently(|view| view.find(parent.0))),
+            b".." => Some(self.patiently(|view| view.parent_of(parent.0))),
+            _ => None,
+        };
+        if let Some(found) = found {
+            let entry = opened!(reply, found);
+            self.reply_entry(reply, &entry);
+            return Ok(());
+        }
         let entry = match self.patiently(|view| view.lookup(parent.0, name)) {
             // A negative entry: the kernel remembers the name is absent. Names appear only
             // through this daemon (which the kernel sees) or a refresh (which invalidates).

@@ -130,7 +130,7 @@ impl Core {
             &self.attr_ttl(&entry.node),
             &self.timeouts.entry,
             &file_attr(&entry.stat),
-            Generation(0),
+            Generation(u64::from(entry.node.generation)),
         );
     }
 

@@ -24,6 +24,9 @@ impl Core {
             // the whole rule, which the kernel's own fallback for FUSE only half applies
             // (it keeps a setgid bit without group-execute that a non-member must lose).
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+            // File handles: LOOKUPs of `.` and `..` find nodes the kernel has forgotten
+            // (see `view::exports`).
+            InitFlags::FUSE_EXPORT_SUPPORT,
         ];
         // Not FUSE_ATOMIC_O_TRUNC: with it, the daemon would truncate while serving the OPEN,
         // before the kernel decides whether the open may truncate at all (a running

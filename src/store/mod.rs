@@ -12,6 +12,7 @@ pub mod copy;
 pub mod creds;
 pub mod dirent;
 pub mod fiemap;
+pub mod handle;
 pub mod mountinfo;
 pub mod reserved;
 pub mod xattr;

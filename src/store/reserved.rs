@@ -9,6 +9,8 @@ const TEMP_BASE: &[u8] = b".layerfs-tmp.";
 static TEMP_PREFIX: OnceLock<Vec<u8>> = OnceLock::new();
 /// The quota registry's name (see `quota::persist`).
 pub const REGISTRY_NAME: &[u8] = b".layerfs-quota.json";
+/// The file handle records' name (see `view::exports`).
+pub const EXPORTS_NAME: &[u8] = b".layerfs-exports";
 
 /// Tags the temporary names of this process's view with `tag` (its local root's inode
 /// number): another layerfs whose local lies in this view then has temporary names of its
@@ -22,8 +24,8 @@ pub fn temp_prefix() -> &'static [u8] {
     TEMP_PREFIX.get().map_or(TEMP_BASE, Vec::as_slice)
 }
 
-/// The view's own bookkeeping in local (temporary files, the quota registry): never
-/// visible in the view, never creatable through it.
+/// The view's own bookkeeping in local (temporary files, the quota registry, the file
+/// handle records): never visible in the view, never creatable through it.
 pub fn is_reserved_name(name: &[u8]) -> bool {
-    name.starts_with(temp_prefix()) || name == REGISTRY_NAME
+    name.starts_with(temp_prefix()) || name == REGISTRY_NAME || name == EXPORTS_NAME
 }

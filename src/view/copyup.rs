@@ -84,7 +84,7 @@ impl View {
         if let Some(fd) = node.state().local.clone() {
             return Ok(fd);
         }
-        let (_, name) = node.primary().ok_or(Errno::ESTALE)?;
+        let (parent, name) = node.primary().ok_or(Errno::ESTALE)?;
         let c = cname(&name)?;
         let template = self.getattr(node)?;
         let remote = node.state().remote.clone();
@@ -134,6 +134,8 @@ impl View {
             state.layer = Layer::Local;
         }
         self.inodes.add_identity(node, local_identity(&st));
+        // Local objects below it are found again through it (see `exports`).
+        self.record_local(fd.as_fd(), st.st_ino, &parent);
         Ok(fd)
     }
 

@@ -106,6 +106,8 @@ pub struct NewNode {
     pub state: NodeState,
     /// Its identities; the first one decides its number.
     pub identities: Vec<Identity>,
+    /// Its generation, should it be numbered after its local inode (see [`super::exports`]).
+    pub generation: u32,
 }
 
 /// Who is told when the table grows past `high` nodes (see [`InodeTable::watch`]).
@@ -199,7 +201,12 @@ impl InodeTable {
         let ino = self.choose_number(&maps, &new.identities);
         let mut state = new.state;
         state.identities = new.identities.clone();
-        let node = Arc::new(Node::new(ino, new.kind, new.zone, state));
+        let mut node = Node::new(ino, new.kind, new.zone, state);
+        // Other numbers are never given to another object: generation 0 tells nothing apart.
+        if ino & (REMOTE_BIT | COUNTER_BIT) == 0 {
+            node.generation = new.generation;
+        }
+        let node = Arc::new(node);
         for id in new.identities {
             maps.by_identity.insert(id, ino);
         }
@@ -383,6 +390,26 @@ impl InodeTable {
         }
     }
 
+    /// The live node numbered `ino`, counted as handed to the kernel once more.
+    pub fn hand_out_number(&self, ino: u64) -> Option<Arc<Node>> {
+        let maps = self.maps.read();
+        let slot = maps.nodes.get(&ino)?;
+        slot.lookups.fetch_add(1, Ordering::Relaxed);
+        slot.used.store(self.tick(), Ordering::Relaxed);
+        Some(slot.node.clone())
+    }
+
+    /// The parent and name a number was given for, kept across the kernel forgetting it
+    /// (synthesized entries, names of remote files with several links). A search: only for
+    /// a handle of a forgotten node.
+    pub fn named_as(&self, ino: u64) -> Option<(u64, OsString)> {
+        self.named_numbers
+            .lock()
+            .iter()
+            .find(|(_, n)| **n == ino)
+            .map(|((parent, name), _)| (*parent, name.clone()))
+    }
+
     /// The number of an identity's live node.
     pub fn live_number(&self, id: &Identity) -> Option<u64> {
         self.maps.read().by_identity.get(id).copied()
@@ -504,11 +531,32 @@ mod tests {
             zone: Zone::Private,
             state: NodeState::new(Layer::Local),
             identities: ids,
+            generation: 7,
         }
     }
 
     fn local(ino: u64) -> Identity {
         Identity::Local { dev: LOCAL, ino }
+    }
+
+    #[test]
+    fn only_a_node_numbered_after_its_local_inode_keeps_its_generation() {
+        let t = table();
+        assert_eq!(t.hand_out(file(vec![local(12)])).generation, 7);
+        let remote = Identity::Remote {
+            dev: REMOTE,
+            ino: 12,
+        };
+        assert_eq!(t.hand_out(file(vec![remote])).generation, 0);
+        let t2 = table();
+        let first = t2.hand_out(file(vec![local(40)]));
+        // Another object whose number is taken gets a counter number.
+        let other = t2.hand_out(file(vec![Identity::Local { dev: 99, ino: 40 }]));
+        assert_eq!((first.generation, other.generation), (7, 0));
+        assert_eq!(
+            t2.hand_out_number(first.ino).map(|n| n.ino),
+            Some(first.ino)
+        );
     }
 
     #[test]

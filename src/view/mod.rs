@@ -40,6 +40,7 @@
 
 pub mod attrs;
 pub mod copyup;
+pub mod exports;
 pub mod inodes;
 pub mod io;
 pub mod listing;
@@ -178,6 +179,8 @@ pub struct View {
     layout_attrs: RwLock<std::collections::HashMap<Zone, Stat>>,
     /// Directories held locked by requests waiting on the remote elsewhere.
     held: route::HeldDirs,
+    /// What finds local objects again by number (see [`exports`]).
+    exports: exports::Exports,
 }
 
 impl View {
@@ -206,6 +209,7 @@ impl View {
         let remote_dev = store::stat_fd(remote_root.as_fd()).map_or(0, |st| st.st_dev);
         let local_root = Arc::new(local_root);
         let quota = Ledger::new(local_root.clone(), &local_st);
+        let exports = exports::Exports::open(local_root.as_fd());
         // The root and the layout directories above the shared areas hold no remote handle:
         // their entries come from local and the index, so no request there waits on the
         // remote.
@@ -229,6 +233,7 @@ impl View {
             virtual_base,
             layout_attrs: Default::default(),
             held: Default::default(),
+            exports,
         })
     }
 
@@ -434,6 +439,7 @@ impl View {
                     zone,
                     state,
                     identities: vec![virtual_identity(parent, name)],
+                    generation: 0,
                 };
                 return Ok((new, None));
             }
@@ -458,6 +464,10 @@ impl View {
             }
         };
         let kind = Kind::from_mode(st.st_mode);
+        let generation = match layer {
+            Layer::Local => self.record_local(fd.as_fd(), st.st_ino, parent),
+            _ => 0,
+        };
         let mut state = NodeState::new(layer);
         let mut identities = Vec::with_capacity(3);
         // The layout's directories and a shared object's directory are known by their
@@ -500,6 +510,7 @@ impl View {
             zone,
             state,
             identities,
+            generation,
         };
         Ok((new, Some(st)))
     }

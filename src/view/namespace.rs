@@ -484,9 +484,12 @@ impl View {
         self.quota().charge(&dst_root, arrived);
         if exchange {
             if let Some(dst) = &dst {
-                let mut st = dst.node.state();
-                st.remove_alias(new_parent.ino, new_name);
-                st.add_alias(&parent, name);
+                {
+                    let mut st = dst.node.state();
+                    st.remove_alias(new_parent.ino, new_name);
+                    st.add_alias(&parent, name);
+                }
+                self.record_move(&dst.node, &parent);
             }
         } else if let (Some(dst), Some(st)) = (&dst, replaced) {
             dst.node.state().remove_alias(new_parent.ino, new_name);
@@ -502,6 +505,7 @@ impl View {
             st.remove_alias(parent.ino, name);
             st.add_alias(&new_parent, new_name);
         }
+        self.record_move(&src.node, &new_parent);
         self.quota().renamed(moving);
         Ok(())
     }

@@ -36,6 +36,9 @@ pub enum Layer {
 #[derive(Debug)]
 pub struct Node {
     pub ino: u64,
+    /// The generation the kernel is told with the number (see `exports`): fixed for the
+    /// node's life.
+    pub generation: u32,
     pub kind: Kind,
     pub zone: Zone,
     state: Mutex<NodeState>,
@@ -83,6 +86,7 @@ impl Node {
     pub fn new(ino: u64, kind: Kind, zone: Zone, state: NodeState) -> Node {
         Node {
             ino,
+            generation: 0,
             kind,
             zone,
             state: Mutex::new(state),

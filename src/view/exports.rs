@@ -1,0 +1,376 @@
+//! File handles of the view: numbers the kernel hands back after forgetting them.
+//!
+//! `name_to_handle_at` on the view gives the kernel's FUSE handle of a node: its number and
+//! generation, nothing the daemon records. Opening such a handle once the kernel has
+//! forgotten the node (its cache was dropped, or the view remounted) arrives as a LOOKUP of
+//! `.` in that number, which must name the same object again, or fail once the object is
+//! gone (the kernel then says `ESTALE`).
+//!
+//! A local object's number is its inode number in local (see [`super::inodes`]), and its
+//! generation a digest of local's own file handle of it, which holds the inode's
+//! generation there: a number local gives to a new object comes back with another
+//! generation, and the kernel refuses the old handle. To find an object by its number,
+//! [`Exports`] keeps one record per local inode number in a file in local's root
+//! ([`EXPORTS_NAME`]): local's handle of the object, and the inode number of a directory
+//! holding a name of it. A record is written whenever a node is built for a local object,
+//! and its directory again when a rename moves it; records are never read on the usual path.
+//!
+//! Finding an object again ([`View::find`]) opens it by local's handle, makes out a path to it
+//! from local's root (a directory through `..`, a file through its recorded directory; each
+//! name by the inode number in its directory's entries), and looks that path up in the view
+//! as the kernel would have: the node found there is in its zone and quota root like any
+//! other, and must carry the number asked for. Synthesized entries and remote names with
+//! several links are found again by the parent and name their numbers were given for.
+//!
+//! Not found again, so stale once forgotten: remote objects and merged directories (their
+//! numbers are the remote's inode numbers, and the remote's handles are not kept), a
+//! copied-up file while it still has its remote number, objects of a local filesystem
+//! without file handles (or whose handles exceed [`handle::MAX_BYTES`], or inode numbers
+//! 2^32), and synthesized entries after a remount (their numbers are not kept).
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use tracing::warn;
+
+use super::inodes::{COUNTER_BIT, REMOTE_BIT, ROOT_INO};
+use super::node::{Layer, Node};
+use super::{Entry, View};
+use crate::store::handle::{self, FsHandle};
+use crate::store::{self, dirent};
+
+/// The record file's name in local's root (reserved: see `store::reserved`).
+pub use crate::store::reserved::EXPORTS_NAME;
+
+/// Bytes per record: a version, the handle's length and kind, the directory, the handle.
+const RECORD: usize = 64;
+const HANDLE_AT: usize = 16;
+/// Local inode numbers below this have a record (the file stays a sparse 256 GiB at most).
+const RECORDED_BELOW: u64 = 1 << 32;
+/// The deepest path found again; deeper ones stay stale.
+const MAX_DEPTH: usize = 4096;
+
+const _: () = assert!(HANDLE_AT + handle::MAX_BYTES == RECORD);
+
+/// What is kept of one local object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub handle: FsHandle,
+    /// The local inode number of a directory holding a name of the object.
+    pub dir: u64,
+}
+
+impl Record {
+    fn encode(&self) -> Option<[u8; RECORD]> {
+        if self.handle.bytes.len() > handle::MAX_BYTES {
+            return None;
+        }
+        let mut out = [0u8; RECORD];
+        out[0] = 1;
+        out[1] = self.handle.bytes.len() as u8;
+        out[4..8].copy_from_slice(&self.handle.kind.to_le_bytes());
+        out[8..16].copy_from_slice(&self.dir.to_le_bytes());
+        out[HANDLE_AT..HANDLE_AT + self.handle.bytes.len()].copy_from_slice(&self.handle.bytes);
+        Some(out)
+    }
+
+    fn decode(raw: &[u8; RECORD]) -> Option<Record> {
+        let len = raw[1] as usize;
+        if raw[0] != 1 || len > handle::MAX_BYTES {
+            return None;
+        }
+        let kind = i32::from_le_bytes(raw[4..8].try_into().ok()?);
+        let dir = u64::from_le_bytes(raw[8..16].try_into().ok()?);
+        Some(Record {
+            handle: FsHandle {
+                kind,
+                bytes: raw[HANDLE_AT..HANDLE_AT + len].to_vec(),
+            },
+            dir,
+        })
+    }
+}
+
+/// The records of local's objects (see the module documentation). Written and read with
+/// `pwrite`/`pread` of whole records at their own offsets: no lock.
+#[derive(Debug)]
+pub struct Exports {
+    /// The record file; none where it could not be opened (handles then go stale when the
+    /// kernel forgets their nodes).
+    file: Option<OwnedFd>,
+    /// Local's root, opened for reading: `open_by_handle_at` takes no `O_PATH` descriptor.
+    mount: Option<OwnedFd>,
+}
+
+impl Exports {
+    /// Opens (or makes) the record file in local's root `local`.
+    pub fn open(local: BorrowedFd<'_>) -> Exports {
+        let file = store::open_at(
+            local,
+            &std::ffi::CString::new(EXPORTS_NAME).expect("no NUL in the name"),
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW,
+            0o600,
+        );
+        let mount = store::reopen(local, OFlag::O_RDONLY | OFlag::O_DIRECTORY);
+        match (file, mount) {
+            (Ok(file), Ok(mount)) => Exports {
+                file: Some(file),
+                mount: Some(mount),
+            },
+            (file, mount) => {
+                let error = file.err().or(mount.err());
+                warn!(error = ?error, "no file handle records in local: handles of forgotten objects will be stale");
+                Exports {
+                    file: None,
+                    mount: None,
+                }
+            }
+        }
+    }
+
+    /// Records `record` for local inode number `ino`.
+    pub fn record(&self, ino: u64, record: &Record) {
+        let (Some(file), Some(raw)) = (&self.file, record.encode()) else {
+            return;
+        };
+        if ino >= RECORDED_BELOW {
+            return;
+        }
+        // A record that does not reach the disk leaves one handle stale, no more.
+        let _ = nix::sys::uio::pwrite(file, &raw, (ino as usize * RECORD) as libc::off_t);
+    }
+
+    /// Records that a directory with local inode number `dir` holds a name of `ino`.
+    pub fn moved(&self, ino: u64, dir: u64) {
+        let Some(file) = &self.file else { return };
+        if ino >= RECORDED_BELOW {
+            return;
+        }
+        let at = ino as usize * RECORD + 8;
+        let _ = nix::sys::uio::pwrite(file, &dir.to_le_bytes(), at as libc::off_t);
+    }
+
+    /// The record of local inode number `ino`, if there is one.
+    pub fn get(&self, ino: u64) -> Option<Record> {
+        let file = self.file.as_ref()?;
+        if ino >= RECORDED_BELOW {
+            return None;
+        }
+        let mut raw = [0u8; RECORD];
+        let n =
+            nix::sys::uio::pread(file, &mut raw, (ino as usize * RECORD) as libc::off_t).ok()?;
+        (n == RECORD).then(|| Record::decode(&raw)).flatten()
+    }
+
+    /// Opens the object `handle` names in local, as an `O_PATH` handle.
+    fn open_object(&self, handle: &FsHandle) -> Result<OwnedFd, Errno> {
+        let mount = self.mount.as_ref().ok_or(Errno::ESTALE)?;
+        handle.open(mount.as_fd(), OFlag::O_PATH | OFlag::O_NOFOLLOW)
+    }
+}
+
+impl View {
+    /// Records a local object a node is being built for (see the module documentation);
+    /// returns the generation its node gets.
+    pub(super) fn record_local(&self, object: BorrowedFd<'_>, ino: u64, parent: &Node) -> u32 {
+        let Ok(handle) = FsHandle::of(object) else {
+            return 0;
+        };
+        let generation = handle.digest();
+        if let Some(dir) = self.local_number(parent) {
+            self.exports.record(ino, &Record { handle, dir });
+        }
+        generation
+    }
+
+    /// A rename moved `node` into `dir`: its record names the new directory.
+    pub(super) fn record_move(&self, node: &Node, dir: &Node) {
+        if node.is_dir() || node.layer() != Layer::Local {
+            return;
+        }
+        let (Some(ino), Some(dir)) = (self.local_number(node), self.local_number(dir)) else {
+            return;
+        };
+        self.exports.moved(ino, dir);
+    }
+
+    /// The local inode number of a node's local object, if it has one.
+    fn local_number(&self, node: &Node) -> Option<u64> {
+        let fd = match node.is_dir() {
+            true => node.dir_fds().local?,
+            false => (node.layer() == Layer::Local)
+                .then(|| node.object())
+                .flatten()?,
+        };
+        store::stat_fd(fd.as_fd()).ok().map(|st| st.st_ino)
+    }
+
+    /// The node numbered `ino`, handed to the kernel once more (LOOKUP of `.`): the live
+    /// one, or the object found again by its number.
+    pub fn find(&self, ino: u64) -> Result<Entry, Errno> {
+        if let Some(node) = self.inodes.hand_out_number(ino) {
+            return self.entry_of(node);
+        }
+        let entry = if ino & (REMOTE_BIT | COUNTER_BIT) == 0 {
+            self.find_local(ino)?
+        } else {
+            self.find_named(ino)?
+        };
+        if entry.node.ino != ino {
+            self.inodes.forget(entry.node.ino, 1);
+            return Err(Errno::ENOENT);
+        }
+        Ok(entry)
+    }
+
+    /// The directory holding node `ino` by its first name, handed to the kernel once more
+    /// (LOOKUP of `..`, which the kernel asks to connect a directory found by its handle).
+    pub fn parent_of(&self, ino: u64) -> Result<Entry, Errno> {
+        let node = self.node(ino)?;
+        let parent = match node.primary() {
+            Some((parent, _)) => parent.ino,
+            None if ino == ROOT_INO => ROOT_INO,
+            None => return Err(Errno::ENOENT),
+        };
+        self.find(parent)
+    }
+
+    fn entry_of(&self, node: Arc<Node>) -> Result<Entry, Errno> {
+        match self.getattr(&node) {
+            Ok(stat) => Ok(Entry { node, stat }),
+            Err(e) => {
+                self.inodes.forget(node.ino, 1);
+                Err(e)
+            }
+        }
+    }
+
+    /// A local object found again by its record: its path from local's root, looked up.
+    fn find_local(&self, ino: u64) -> Result<Entry, Errno> {
+        let record = self.exports.get(ino).ok_or(Errno::ENOENT)?;
+        let object = self.exports.open_object(&record.handle)?;
+        let st = store::stat_fd(object.as_fd())?;
+        let root = store::stat_fd(self.local_root.as_fd())?;
+        if st.st_ino != ino || st.st_dev != root.st_dev {
+            return Err(Errno::ENOENT);
+        }
+        let mut names = Vec::new();
+        let mut dir = match st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            true => object,
+            false => {
+                let dir = self.exports.get(record.dir).ok_or(Errno::ENOENT)?;
+                let dir = self.exports.open_object(&dir.handle)?;
+                names.push(name_in(dir.as_fd(), ino)?);
+                dir
+            }
+        };
+        loop {
+            let here = store::stat_fd(dir.as_fd())?;
+            if (here.st_dev, here.st_ino) == (root.st_dev, root.st_ino) {
+                break;
+            }
+            if names.len() >= MAX_DEPTH {
+                return Err(Errno::ENOENT);
+            }
+            let up = store::open_at(
+                dir.as_fd(),
+                c"..",
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
+                0,
+            )?;
+            // The top of local's filesystem, outside local's root: not an object of the view.
+            if store::stat_fd(up.as_fd())?.st_ino == here.st_ino {
+                return Err(Errno::ENOENT);
+            }
+            names.push(name_in(up.as_fd(), here.st_ino)?);
+            dir = up;
+        }
+        names.reverse();
+        self.walk(ROOT_INO, &names)
+    }
+
+    /// A synthesized entry or a remote name found again by the parent and name its number
+    /// was given for, up to a node the kernel still holds.
+    fn find_named(&self, ino: u64) -> Result<Entry, Errno> {
+        let mut names = Vec::new();
+        let mut at = ino;
+        while self.inodes.get(at).is_none() {
+            let (parent, name) = self.inodes.named_as(at).ok_or(Errno::ENOENT)?;
+            if names.len() >= MAX_DEPTH {
+                return Err(Errno::ENOENT);
+            }
+            names.push(name);
+            at = parent;
+        }
+        names.reverse();
+        self.walk(at, &names)
+    }
+
+    /// Looks `names` up one after the other from the live directory `from`; the last node
+    /// is handed to the kernel, the ones on the way are not.
+    fn walk(&self, from: u64, names: &[OsString]) -> Result<Entry, Errno> {
+        let Some((last, path)) = names.split_last() else {
+            let node = self.inodes.hand_out_number(from).ok_or(Errno::ENOENT)?;
+            return self.entry_of(node);
+        };
+        let mut dir = from;
+        let mut held: Option<u64> = None;
+        let result = (|| {
+            for name in path {
+                let entry = self.lookup(dir, name)?;
+                dir = entry.node.ino;
+                if let Some(up) = held.replace(dir) {
+                    self.inodes.forget(up, 1);
+                }
+            }
+            self.lookup(dir, last)
+        })();
+        if let Some(up) = held {
+            self.inodes.forget(up, 1);
+        }
+        result
+    }
+}
+
+/// The name of the entry with inode number `ino` in the directory `dir`.
+fn name_in(dir: BorrowedFd<'_>, ino: u64) -> Result<OsString, Errno> {
+    dirent::read_dir(dir)?
+        .into_iter()
+        .find(|e| e.ino == ino && !crate::store::reserved::is_reserved_name(name_bytes(&e.name)))
+        .map(|e| e.name)
+        .ok_or(Errno::ENOENT)
+}
+
+fn name_bytes(name: &OsStr) -> &[u8] {
+    std::os::unix::ffi::OsStrExt::as_bytes(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = store::open_root(dir.path()).unwrap();
+        let exports = Exports::open(root.as_fd());
+        let record = Record {
+            handle: FsHandle {
+                kind: 1,
+                bytes: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            },
+            dir: 77,
+        };
+        exports.record(12, &record);
+        assert_eq!(exports.get(12), Some(record.clone()));
+        assert_eq!(exports.get(11), None, "a hole is no record");
+        assert_eq!(exports.get(13), None, "past the end");
+        exports.moved(12, 99);
+        assert_eq!(exports.get(12).map(|r| r.dir), Some(99));
+        exports.record(RECORDED_BELOW, &record);
+        assert_eq!(exports.get(RECORDED_BELOW), None);
+    }
+}
