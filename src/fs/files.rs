@@ -235,8 +235,8 @@ impl Core {
                 if file.layer != Layer::Local && file.writes() {
                     self.view.writer_closed(&file.node);
                 }
-                // What the kernel holds of a file written through a mapping lives a tick
-                // (`MAPPED_WRITER_TTL`), so it is read again anyway: nothing to drop here.
+                // The kernel trusts nothing it was told of a file written through a mapping
+                // (see `Core::attr_ttl`): nothing to drop here.
                 let counted = file.counted();
                 self.view
                     .released(&file.node, counted, file.bypasses, file.maps_writes);
@@ -295,7 +295,7 @@ impl Core {
         };
         // The name is cached as any looked-up name is, however briefly the attributes are.
         reply.created_with_ttls(
-            &self.attr_ttl(&entry.node),
+            &self.created_ttl(&entry.node),
             &self.timeouts.entry,
             &file_attr(&entry.stat),
             Generation(u64::from(entry.node.generation)),

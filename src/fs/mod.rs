@@ -48,12 +48,13 @@ use backing::{BackingTable, Grant, Opening, Rights};
 use handles::{DirHandle, FileHandle as OpenFile, Handle, HandleTable};
 use notify::Notices;
 
-/// How long the kernel trusts the attributes of a file open for writing through
-/// passthrough, which a shared mapping may change unseen. Not zero: the kernel checks
-/// permissions against its cached attributes, and a zero lifetime made it ask again for
-/// every open of such a file (one more round trip per create); a stat more than this after
-/// an `msync` sees its times.
-const MAPPED_WRITER_TTL: Duration = Duration::from_millis(1);
+/// How long the kernel trusts the attributes a CREATE answers with, of a file it opens for
+/// writing through passthrough, which a shared mapping may change unseen. Not zero: the
+/// kernel checks permissions against its cached attributes, and a zero lifetime made it
+/// ask again for every create. The kernel counts it in clock ticks: it lasts to the next
+/// one, during which a write changes no timestamp local's filesystem keeps coarsely.
+/// Every other answer about such a file is trusted not at all (see [`Core::attr_ttl`]).
+const CREATED_WRITER_TTL: Duration = Duration::from_millis(1);
 
 /// How long the kernel may trust what it was told.
 /// What the daemon asks of the kernel's FUSE transport; the kernel may refuse either.
@@ -134,12 +135,23 @@ impl Core {
         );
     }
 
-    /// How long the kernel may keep a node's attributes: a moment only while it may be
+    /// How long the kernel may keep a node's attributes: not at all while it may be
     /// written through a shared mapping of its backing file, which the daemon never hears
-    /// of (see [`MAPPED_WRITER_TTL`]).
+    /// of. A lifetime of even a millisecond lasts to the kernel's next clock tick, long
+    /// enough for a writer to map, write, unmap and exit, and for a `stat` after that to
+    /// see the times from before.
     fn attr_ttl(&self, node: &Node) -> Duration {
         if node.state().mapped_writers > 0 {
-            MAPPED_WRITER_TTL
+            Duration::ZERO
+        } else {
+            self.timeouts.attr
+        }
+    }
+
+    /// [`Core::attr_ttl`] for the answer to a CREATE (see [`CREATED_WRITER_TTL`]).
+    fn created_ttl(&self, node: &Node) -> Duration {
+        if node.state().mapped_writers > 0 {
+            CREATED_WRITER_TTL
         } else {
             self.timeouts.attr
         }
