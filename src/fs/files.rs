@@ -112,8 +112,8 @@ impl Core {
     ) -> (u64, Grant) {
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // A shared writable mapping of this open changes the file where the daemon cannot
-        // see it: from now on the kernel trusts its attributes for a tick only. A file just
-        // created is new to the kernel, which takes its attributes from the reply.
+        // see it: from now on the kernel trusts none of its attributes (see `attr_ttl`). A
+        // file just created is new to the kernel, which takes its attributes from the reply.
         let maps_writes = writes && matches!(grant, Grant::Passthrough(_) | Grant::Direct(_));
         let bypasses = writes && matches!(grant, Grant::Passthrough(_));
         self.view.opened(node, maps_writes);

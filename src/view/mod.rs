@@ -780,13 +780,12 @@ impl View {
         if writes && node.layer() != Layer::Local {
             if !defer_copy_up {
                 self.copy_up(node, true)?;
-            } else {
-                // Counted under the copy lock, which a removal holds as it looks.
+            } else if let (layer @ (Layer::Remote | Layer::Virtual), Some(object)) = node.placed() {
+                let fd = store::reopen(object.as_fd(), OFlag::O_RDONLY)?;
+                // Counted under the copy lock, which a removal holds as it looks; a copy-up
+                // that came first leaves the copy to open.
                 let _copying = node.copy_lock();
-                let (layer, object) = node.placed();
-                if layer != Layer::Local {
-                    let object = object.ok_or(Errno::EINVAL)?;
-                    let fd = store::reopen(object.as_fd(), OFlag::O_RDONLY)?;
+                if node.layer() != Layer::Local {
                     node.state().writers_before_copy_up += 1;
                     return Ok((fd, layer));
                 }
