@@ -16,7 +16,8 @@
 #   OUT=dir                      results: check's output, results/, the helper and daemon logs,
 #                                the watchdog's log (default: a new temp dir, printed)
 #   TIMEOUT=300                  seconds a test may run before the watchdog kills it
-#   IMG_SIZE=4G                  size of each sparse ext4 image (TEST and SCRATCH)
+#   IMG_SIZE=4G                  size of each sparse image (TEST and SCRATCH)
+#   LOCAL_FS=ext4                the filesystem of the images: ext4 or xfs
 #   LAYERFS=path                 binary under test (default target/release/layerfs)
 #   WORKDIR=/var/tmp             where the images and mountpoints are made
 set -euo pipefail
@@ -28,7 +29,7 @@ require_env XFSTESTS "a built xfstests checkout, e.g. XFSTESTS=/path/to/xfstests
 XFSTESTS=$(cd "$XFSTESTS" && pwd)
 [ -x "$XFSTESTS/check" ] || die "XFSTESTS=$XFSTESTS has no check script"
 [ -x "$XFSTESTS/ltp/fsstress" ] || die "XFSTESTS=$XFSTESTS is not built (make)"
-for c in mkfs.ext4 losetup findmnt truncate; do
+for c in losetup findmnt truncate; do
     command -v $c >/dev/null || die "$c is missing"
 done
 for u in fsgqa fsgqa2 123456-fsgqa; do
@@ -39,6 +40,11 @@ EXCLUDE=${EXCLUDE:-}
 EXTRA_OPTS=${EXTRA_OPTS:-}
 TIMEOUT=${TIMEOUT:-300}
 IMG_SIZE=${IMG_SIZE:-4G}
+LOCAL_FS=${LOCAL_FS:-ext4}
+case $LOCAL_FS in
+    ext4 | xfs) command -v "mkfs.$LOCAL_FS" >/dev/null || die "LOCAL_FS=$LOCAL_FS needs mkfs.$LOCAL_FS" ;;
+    *) die "LOCAL_FS must be ext4 or xfs" ;;
+esac
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "TIMEOUT must be a number of seconds"
 base_opts=allow_other,suid,dev${EXTRA_OPTS:+,$EXTRA_OPTS}
 helper=/sbin/mount.fuse.layerfs
@@ -61,14 +67,17 @@ if ! grep -q "s/fuse\.layerfs/fuse/" "$rc_file"; then
     log "patched $rc_file: _fs_type maps fuse.layerfs to fuse"
 fi
 
-# ---- trees: one ext4 image per device, holding its remote (a fixture copy) and local ----
+# ---- trees: one image per device, holding its remote (a fixture copy) and local ----
 workdir W layerfs-xfstests
 stage_layerfs "$W"
 state=$W/state
 mkdir -p "$state/dev" "$state/opts" "$OUT/logs"
 for d in test scratch; do
     truncate -s "$IMG_SIZE" "$W/$d.img"
-    mkfs.ext4 -q -F -E nodiscard "$W/$d.img"
+    case $LOCAL_FS in
+        ext4) mkfs.ext4 -q -F -E nodiscard "$W/$d.img" ;;
+        xfs) mkfs.xfs -q -f -K "$W/$d.img" ;;
+    esac
     mkdir "$W/$d-fs"
     at_exit "force_unmount '$W/$d-fs'"
     mount -o loop "$W/$d.img" "$W/$d-fs"
