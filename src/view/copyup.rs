@@ -135,7 +135,7 @@ impl View {
         }
         self.inodes.add_identity(node, local_identity(&st));
         // Local objects below it are found again through it (see `exports`).
-        self.record_local(fd.as_fd(), st.st_ino, &parent);
+        self.record_local(fd.as_fd(), &st, &parent);
         Ok(fd)
     }
 

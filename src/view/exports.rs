@@ -36,9 +36,9 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use tracing::warn;
 
-use super::inodes::{COUNTER_BIT, REMOTE_BIT, ROOT_INO};
+use super::inodes::{Identity, COUNTER_BIT, REMOTE_BIT, ROOT_INO};
 use super::node::{Layer, Node};
-use super::{Entry, View};
+use super::{Entry, Stat, View};
 use crate::store::handle::{self, FsHandle};
 use crate::store::{self, dirent};
 
@@ -175,13 +175,18 @@ impl Exports {
 impl View {
     /// Records a local object a node is being built for (see the module documentation);
     /// returns the generation its node gets.
-    pub(super) fn record_local(&self, object: BorrowedFd<'_>, ino: u64, parent: &Node) -> u32 {
+    /// Objects of other filesystems (mounted inside local) are numbered otherwise and get
+    /// no record.
+    pub(super) fn record_local(&self, object: BorrowedFd<'_>, st: &Stat, parent: &Node) -> u32 {
+        if !self.inodes.is_local(st.st_dev) {
+            return 0;
+        }
         let Ok(handle) = FsHandle::of(object) else {
             return 0;
         };
         let generation = handle.digest();
         if let Some(dir) = self.local_number(parent) {
-            self.exports.record(ino, &Record { handle, dir });
+            self.exports.record(st.st_ino, &Record { handle, dir });
         }
         generation
     }
@@ -197,15 +202,13 @@ impl View {
         self.exports.moved(ino, dir);
     }
 
-    /// The local inode number of a node's local object, if it has one.
+    /// The local inode number of a node's local object, if it has one: the inode table
+    /// knows each node by it (see [`super::inodes`]).
     fn local_number(&self, node: &Node) -> Option<u64> {
-        let fd = match node.is_dir() {
-            true => node.dir_fds().local?,
-            false => (node.layer() == Layer::Local)
-                .then(|| node.object())
-                .flatten()?,
-        };
-        store::stat_fd(fd.as_fd()).ok().map(|st| st.st_ino)
+        node.state().identities.iter().find_map(|id| match id {
+            Identity::Local { ino, .. } => Some(*ino),
+            _ => None,
+        })
     }
 
     /// The node numbered `ino`, handed to the kernel once more (LOOKUP of `.`): the live

@@ -390,6 +390,11 @@ impl InodeTable {
         }
     }
 
+    /// Whether `dev` is local's filesystem, whose inode numbers become node numbers.
+    pub fn is_local(&self, dev: u64) -> bool {
+        dev == self.local_dev
+    }
+
     /// The live node numbered `ino`, counted as handed to the kernel once more.
     pub fn hand_out_number(&self, ino: u64) -> Option<Arc<Node>> {
         let maps = self.maps.read();

@@ -465,7 +465,7 @@ impl View {
         };
         let kind = Kind::from_mode(st.st_mode);
         let generation = match layer {
-            Layer::Local => self.record_local(fd.as_fd(), st.st_ino, parent),
+            Layer::Local => self.record_local(fd.as_fd(), &st, parent),
             _ => 0,
         };
         let mut state = NodeState::new(layer);
