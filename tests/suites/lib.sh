@@ -233,6 +233,43 @@ area_base() {
     echo "$mnt/overlay/RO/$id/diff"
 }
 
+# out_dir PREFIX: makes OUT absolute, a new temp dir named after PREFIX if it is unset.
+out_dir() {
+    if [ -z "${OUT:-}" ]; then
+        OUT=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
+        log "results in $OUT"
+    fi
+    mkdir -p "$OUT"
+    OUT=$(cd "$OUT" && pwd)
+}
+
+# run_matrix HEADER MISSING: runs this script once per TRANSPORT x PASSTHROUGH x AREA, each
+# writing its summary row, and gathers the rows in MATRIX_TABLE ($OUT/matrix.tsv) under the
+# tab-separated HEADER; MISSING (tab-separated) stands after the three knobs of a
+# configuration that wrote no row. MATRIX_STATUS is 1 if any configuration failed.
+run_matrix() {
+    local t p a sum
+    CHILD_GRACE=120 # a configuration being stopped unmounts and cleans up first
+    MATRIX_TABLE=$OUT/matrix.tsv
+    MATRIX_STATUS=0
+    printf '%s\n' "$1" >"$MATRIX_TABLE"
+    for t in dev uring; do
+        for p in on off; do
+            for a in root shared; do
+                sum=$OUT/summary-$t-$p-$a.tsv
+                rm -f "$sum"
+                run_in "$PWD" env MATRIX=0 TRANSPORT=$t PASSTHROUGH=$p AREA=$a OUT="$OUT" \
+                    SUMMARY_TSV="$sum" bash "$suites_dir/$prog" || MATRIX_STATUS=1
+                if [ -s "$sum" ]; then
+                    cat "$sum" >>"$MATRIX_TABLE"
+                else
+                    printf '%s\t%s\t%s\t%s\n' "$t" "$p" "$a" "$2" >>"$MATRIX_TABLE"
+                fi
+            done
+        done
+    done
+}
+
 # workdir VAR PREFIX: sets VAR to a new temp dir under $WORKDIR (default /var/tmp; it should
 # not be tmpfs), removed at exit (never through a mount left inside it).
 workdir() {

@@ -29,38 +29,15 @@ PJDFSTEST_C=$(cd "$PJDFSTEST_C" && pwd)
 command -v prove >/dev/null || die "prove (perl) is missing"
 TESTS=${TESTS:-}
 
-if [ -z "${OUT:-}" ]; then
-    OUT=$(mktemp -d "${TMPDIR:-/tmp}/layerfs-pjdfstest-c-out.XXXXXX")
-    log "results in $OUT"
-fi
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+out_dir layerfs-pjdfstest-c-out
 
 # ---- MATRIX=1: this script once per configuration, then a table ----
 if [ "${MATRIX:-0}" = 1 ]; then
-    CHILD_GRACE=120 # a configuration being stopped unmounts and cleans up first
-    table=$OUT/matrix.tsv
-    printf 'transport\tpassthrough\tarea\tfiles\ttests\tfailed\tresult\tsecs\n' >"$table"
-    status=0
-    for t in dev uring; do
-        for p in on off; do
-            for a in root shared; do
-                sum=$OUT/summary-$t-$p-$a.tsv
-                rm -f "$sum"
-                run_in "$PWD" env MATRIX=0 TRANSPORT=$t PASSTHROUGH=$p AREA=$a OUT="$OUT" \
-                    SUMMARY_TSV="$sum" bash "$suites_dir/$prog" || status=1
-                if [ -s "$sum" ]; then
-                    cat "$sum" >>"$table"
-                else
-                    printf '%s\t%s\t%s\t-\t-\t-\tERROR\t-\n' "$t" "$p" "$a" >>"$table"
-                fi
-            done
-        done
-    done
+    run_matrix $'transport\tpassthrough\tarea\tfiles\ttests\tfailed\tresult\tsecs' $'-\t-\t-\tERROR\t-'
     echo
     echo "pjdfstest (C) matrix${TESTS:+: TESTS=$TESTS}"
-    column -t -s $'\t' "$table"
-    exit $status
+    column -t -s $'\t' "$MATRIX_TABLE"
+    exit $MATRIX_STATUS
 fi
 
 # ---- one configuration ----

@@ -51,12 +51,7 @@ helper=/sbin/mount.fuse.layerfs
 test_dev=lfs_test
 scratch_dev=lfs_scratch
 
-if [ -z "${OUT:-}" ]; then
-    OUT=$(mktemp -d "${TMPDIR:-/tmp}/layerfs-xfstests-out.XXXXXX")
-    log "results in $OUT"
-fi
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+out_dir layerfs-xfstests-out
 
 # ---- xfstests' _fs_type: df -T says fuse.layerfs, xfstests expects FSTYP (fuse) ----
 rc_file=$XFSTESTS/common/rc
