@@ -50,7 +50,10 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         })
     };
     let remote = open(&config.remote)?;
-    let local = open_local(config)?;
+    let local = match private_local(config) {
+        Some(local) => local,
+        None => open(&config.local)?,
+    };
     // Exposed, the layout lives where the runtime sees it, and its absolute links say so.
     let link_base = config.expose_into.as_ref().unwrap_or(&config.mountpoint);
     let layout = Layout::new(&config.driver, link_base, config.link_style);
@@ -505,9 +508,9 @@ fn open_session(
 
 /// Local, reached through a private clone of its mount on which reads move access times as
 /// the view's mode says (see `store::atime`); a read-only view moves none, as the kernel
-/// moves none on a read-only mount. Where no clone can be made (not root), reads follow
-/// local's own mount.
-fn open_local(config: &MountConfig) -> Result<std::os::fd::OwnedFd> {
+/// moves none on a read-only mount. `None` where no clone can be made (not root): local is
+/// then opened as it is, and reads follow its own mount.
+fn private_local(config: &MountConfig) -> Option<std::os::fd::OwnedFd> {
     let times = match config.read_only {
         true => AccessTimes {
             files: Atime::NoAtime,
@@ -522,19 +525,11 @@ fn open_local(config: &MountConfig) -> Result<std::os::fd::OwnedFd> {
                 _ => Err(nix::errno::Errno::ENOTDIR),
             }
         });
-    match opened {
-        Ok(fd) => Ok(fd),
-        Err(e) => {
-            if times != AccessTimes::default() {
-                warn!(error = %e, local = %config.local.display(),
-                      "no private mount of local for the access-time mode; reads move access times as local's own mount says");
-            }
-            open_root(&config.local).map_err(|source| Error::Open {
-                path: config.local.clone(),
-                source,
-            })
-        }
+    if let (Err(e), true) = (&opened, times != AccessTimes::default()) {
+        warn!(error = %e, local = %config.local.display(),
+              "no private mount of local for the access-time mode; reads move access times as local's own mount says");
     }
+    opened.ok()
 }
 
 fn fuse_config(config: &MountConfig) -> Config {

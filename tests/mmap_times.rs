@@ -85,13 +85,19 @@ impl Drop for Mapped {
     }
 }
 
-/// The file `name` in the view's root, 4 KiB, its times an hour old, and what `stat` says.
-fn fresh(m: &Mount, name: &str) -> (std::path::PathBuf, (i128, i128)) {
+/// The file `name` in the view's root, 4 KiB, its times an hour old; what `stat` says of
+/// it, and the file opened for reading and writing.
+fn fresh(m: &Mount, name: &str) -> (std::path::PathBuf, (i128, i128), fs::File) {
     let path = m.path(name);
     fs::write(&path, vec![b'a'; 4096]).unwrap();
     age(&path);
     let before = times(&path);
-    (path, before)
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    (path, before, file)
 }
 
 fn assert_moved(path: &Path, before: (i128, i128), what: &str) {
@@ -113,12 +119,7 @@ fn sequences(opts: &str) {
     );
     for round in 0..ROUNDS {
         // Unmapped, the file still open.
-        let (path, before) = fresh(&m, &format!("unmap{round}"));
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .unwrap();
+        let (path, before, file) = fresh(&m, &format!("unmap{round}"));
         // Attributes asked for by the writer itself, once mapped (xfs_io does), which
         // the kernel would cache.
         let map = Mapped::new(&file);
@@ -144,12 +145,7 @@ fn sequences(opts: &str) {
         drop(file);
 
         // Synced, still mapped.
-        let (path, before) = fresh(&m, &format!("sync{round}"));
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .unwrap();
+        let (path, before, file) = fresh(&m, &format!("sync{round}"));
         let map = Mapped::new(&file);
         map.write(7, b'z');
         map.sync();
@@ -163,7 +159,8 @@ fn sequences(opts: &str) {
     }
     // A writer that exits with its mapping in place (xfs_io's mwrite, generic/080).
     for round in 0..ROUNDS {
-        let (path, before) = fresh(&m, &format!("exit{round}"));
+        let (path, before, file) = fresh(&m, &format!("exit{round}"));
+        drop(file);
         let status = Command::new("python3")
             .arg("-c")
             .arg(

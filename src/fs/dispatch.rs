@@ -157,26 +157,23 @@ impl LayerFs {
         });
     }
 
+    /// The node of the open file `fh` if it was opened on the remote.
+    fn opened_on_remote(&self, fh: FileHandle) -> Option<Arc<crate::view::Node>> {
+        let handle = self.core.handles.file(fh.0)?;
+        let file = handle.as_file()?;
+        (file.layer == Layer::Remote).then(|| file.node.clone())
+    }
+
     /// Whether I/O on the open file `fh` may wait on the remote: it was opened there and
     /// the file has no local copy yet (a change through it makes one, reads go to it).
     fn handle_may_wait(&self, fh: FileHandle) -> bool {
-        self.core
-            .handles
-            .file(fh.0)
-            .and_then(|h| {
-                h.as_file()
-                    .map(|f| f.layer == Layer::Remote && f.node.layer() != Layer::Local)
-            })
-            .unwrap_or(false)
+        self.opened_on_remote(fh)
+            .is_some_and(|node| node.layer() != Layer::Local)
     }
 
     /// Whether closing the open file `fh` may wait on the remote: it was opened there.
     fn handle_on_remote(&self, fh: FileHandle) -> bool {
-        self.core
-            .handles
-            .file(fh.0)
-            .and_then(|h| h.as_file().map(|f| f.layer == Layer::Remote))
-            .unwrap_or(false)
+        self.opened_on_remote(fh).is_some()
     }
 
     fn view_of(&self) -> &View {

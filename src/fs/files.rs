@@ -85,7 +85,9 @@ impl Core {
         if !file.writes() {
             return Err(Errno::EBADF);
         }
-        self.view.copy_up(&file.node, true)?;
+        if file.node.layer() != Layer::Local {
+            self.view.copy_up(&file.node, true)?;
+        }
         self.copy_of(file)?.map(Target::Copy).ok_or(Errno::EIO)
     }
 
@@ -147,7 +149,9 @@ impl Core {
         // open's SETATTR copies no data), unless the kernel's inode maps the remote file
         // for passthrough readers: a writer then needs a new inode, bound to the copy (see
         // `backing`), and the copy is made now.
-        let defer = writes && !self.backing.bound_to(node.ino, Layer::Remote);
+        let defer = writes
+            && node.layer() != Layer::Local
+            && !self.backing.bound_to(node.ino, Layer::Remote);
         let (fd, layer) = opened!(
             reply,
             self.patiently(|view| view.open(&node, flags.0, defer))

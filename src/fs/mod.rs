@@ -141,19 +141,19 @@ impl Core {
     /// enough for a writer to map, write, unmap and exit, and for a `stat` after that to
     /// see the times from before.
     fn attr_ttl(&self, node: &Node) -> Duration {
-        if node.state().mapped_writers > 0 {
-            Duration::ZERO
-        } else {
-            self.timeouts.attr
-        }
+        self.ttl_unless_mapped(node, Duration::ZERO)
     }
 
     /// [`Core::attr_ttl`] for the answer to a CREATE (see [`CREATED_WRITER_TTL`]).
     fn created_ttl(&self, node: &Node) -> Duration {
-        if node.state().mapped_writers > 0 {
-            CREATED_WRITER_TTL
-        } else {
-            self.timeouts.attr
+        self.ttl_unless_mapped(node, CREATED_WRITER_TTL)
+    }
+
+    /// The attribute lifetime, or `mapped` while the file may be written through a mapping.
+    fn ttl_unless_mapped(&self, node: &Node, mapped: Duration) -> Duration {
+        match node.state().mapped_writers {
+            0 => self.timeouts.attr,
+            _ => mapped,
         }
     }
 

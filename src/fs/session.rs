@@ -31,9 +31,9 @@ impl Core {
         // Not FUSE_ATOMIC_O_TRUNC: with it, the daemon would truncate while serving the OPEN,
         // before the kernel decides whether the open may truncate at all (a running
         // executable: ETXTBSY; a security module: EACCES). A refused open would then have
-        // emptied the file. Without it, the truncation comes as a SETATTR after those checks,
-        // at the price of copying a remote file's data up before it is truncated (as kernel
-        // overlayfs does for a truncating open).
+        // emptied the file. Without it, the truncation comes as a SETATTR after those checks;
+        // a remote file opened for writing is copied up by its first change, so the SETATTR
+        // of a truncating open copies no data (see `View::open`).
         for flag in wanted {
             if offered.contains(flag) {
                 let _ = config.add_capabilities(flag);

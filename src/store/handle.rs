@@ -9,69 +9,71 @@ use nix::fcntl::OFlag;
 /// The largest handle kept; filesystems that need more (NFS can) are not served.
 pub const MAX_BYTES: usize = 48;
 
-/// One object's handle, as its filesystem made it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FsHandle {
-    /// The filesystem's name for the handle's format (`FILEID_*`).
-    pub kind: i32,
-    pub bytes: Vec<u8>,
-}
-
-/// `struct file_handle` with room for [`MAX_BYTES`].
+/// One object's handle, as its filesystem made it: `struct file_handle` with room for
+/// [`MAX_BYTES`], so that taking one allocates nothing.
 #[repr(C)]
-struct Raw {
-    handle_bytes: libc::c_uint,
-    handle_type: libc::c_int,
-    f_handle: [u8; MAX_BYTES],
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsHandle {
+    len: libc::c_uint,
+    /// The filesystem's name for the handle's format (`FILEID_*`).
+    kind: libc::c_int,
+    data: [u8; MAX_BYTES],
 }
 
 impl FsHandle {
     /// The handle of the object `fd` (an `O_PATH` handle will do). `EOVERFLOW` when the
     /// filesystem's handles are larger than [`MAX_BYTES`]; `EOPNOTSUPP` when it has none.
     pub fn of(fd: BorrowedFd<'_>) -> Result<FsHandle, Errno> {
-        let mut raw = Raw {
-            handle_bytes: MAX_BYTES as libc::c_uint,
-            handle_type: 0,
-            f_handle: [0; MAX_BYTES],
+        let mut handle = FsHandle {
+            len: MAX_BYTES as libc::c_uint,
+            kind: 0,
+            data: [0; MAX_BYTES],
         };
         let mut mount_id = 0;
-        // SAFETY: `raw` is a `struct file_handle` whose `handle_bytes` says how much room
+        // SAFETY: `handle` is a `struct file_handle` whose `handle_bytes` says how much room
         // follows it; the empty path names `fd` itself.
         let res = unsafe {
             libc::name_to_handle_at(
                 fd.as_raw_fd(),
                 c"".as_ptr(),
-                &mut raw as *mut Raw as *mut libc::file_handle,
+                &mut handle as *mut FsHandle as *mut libc::file_handle,
                 &mut mount_id,
                 libc::AT_EMPTY_PATH,
             )
         };
         Errno::result(res)?;
-        let len = (raw.handle_bytes as usize).min(MAX_BYTES);
-        Ok(FsHandle {
-            kind: raw.handle_type,
-            bytes: raw.f_handle[..len].to_vec(),
+        Ok(handle)
+    }
+
+    /// A handle of format `kind` made of `bytes`; `None` if they do not fit.
+    pub fn from_parts(kind: i32, bytes: &[u8]) -> Option<FsHandle> {
+        let mut data = [0; MAX_BYTES];
+        data.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(FsHandle {
+            len: bytes.len() as libc::c_uint,
+            kind,
+            data,
         })
+    }
+
+    pub fn kind(&self) -> i32 {
+        self.kind
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.data[..(self.len as usize).min(MAX_BYTES)]
     }
 
     /// Opens the object the handle names, on the mount of `mount` (a descriptor of any of
     /// its objects, not an `O_PATH` one), with `flags`. `ESTALE` once the object is gone.
     /// Needs `CAP_DAC_READ_SEARCH`.
     pub fn open(&self, mount: BorrowedFd<'_>, flags: OFlag) -> Result<OwnedFd, Errno> {
-        if self.bytes.len() > MAX_BYTES {
-            return Err(Errno::ESTALE);
-        }
-        let mut raw = Raw {
-            handle_bytes: self.bytes.len() as libc::c_uint,
-            handle_type: self.kind,
-            f_handle: [0; MAX_BYTES],
-        };
-        raw.f_handle[..self.bytes.len()].copy_from_slice(&self.bytes);
+        let mut handle = *self;
         // SAFETY: as above; the kernel only reads the handle.
         let fd = unsafe {
             libc::open_by_handle_at(
                 mount.as_raw_fd(),
-                &mut raw as *mut Raw as *mut libc::file_handle,
+                &mut handle as *mut FsHandle as *mut libc::file_handle,
                 (flags | OFlag::O_CLOEXEC).bits(),
             )
         };
@@ -84,7 +86,7 @@ impl FsHandle {
     /// inode number apart: the handle holds the inode's generation.
     pub fn digest(&self) -> u32 {
         let mut h: u32 = 0x811c_9dc5;
-        for b in self.kind.to_le_bytes().iter().chain(&self.bytes) {
+        for b in self.kind.to_le_bytes().iter().chain(self.bytes()) {
             h ^= u32::from(*b);
             h = h.wrapping_mul(0x0100_0193);
         }

@@ -28,8 +28,9 @@
 //! without file handles (or whose handles exceed [`handle::MAX_BYTES`], or inode numbers
 //! 2^32), and synthesized entries after a remount (their numbers are not kept).
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use nix::errno::Errno;
@@ -40,7 +41,7 @@ use super::inodes::{Identity, COUNTER_BIT, REMOTE_BIT, ROOT_INO};
 use super::node::{Layer, Node};
 use super::{Entry, Stat, View};
 use crate::store::handle::{self, FsHandle};
-use crate::store::{self, dirent};
+use crate::store::{self, dirent, reserved};
 
 /// The record file's name in local's root (reserved: see `store::reserved`).
 pub use crate::store::reserved::EXPORTS_NAME;
@@ -64,31 +65,26 @@ pub struct Record {
 }
 
 impl Record {
-    fn encode(&self) -> Option<[u8; RECORD]> {
-        if self.handle.bytes.len() > handle::MAX_BYTES {
-            return None;
-        }
+    fn encode(&self) -> [u8; RECORD] {
+        let bytes = self.handle.bytes();
         let mut out = [0u8; RECORD];
         out[0] = 1;
-        out[1] = self.handle.bytes.len() as u8;
-        out[4..8].copy_from_slice(&self.handle.kind.to_le_bytes());
+        out[1] = bytes.len() as u8;
+        out[4..8].copy_from_slice(&self.handle.kind().to_le_bytes());
         out[8..16].copy_from_slice(&self.dir.to_le_bytes());
-        out[HANDLE_AT..HANDLE_AT + self.handle.bytes.len()].copy_from_slice(&self.handle.bytes);
-        Some(out)
+        out[HANDLE_AT..HANDLE_AT + bytes.len()].copy_from_slice(bytes);
+        out
     }
 
     fn decode(raw: &[u8; RECORD]) -> Option<Record> {
-        let len = raw[1] as usize;
-        if raw[0] != 1 || len > handle::MAX_BYTES {
+        if raw[0] != 1 {
             return None;
         }
         let kind = i32::from_le_bytes(raw[4..8].try_into().ok()?);
         let dir = u64::from_le_bytes(raw[8..16].try_into().ok()?);
+        let bytes = raw[HANDLE_AT..].get(..raw[1] as usize)?;
         Some(Record {
-            handle: FsHandle {
-                kind,
-                bytes: raw[HANDLE_AT..HANDLE_AT + len].to_vec(),
-            },
+            handle: FsHandle::from_parts(kind, bytes)?,
             dir,
         })
     }
@@ -98,77 +94,70 @@ impl Record {
 /// `pwrite`/`pread` of whole records at their own offsets: no lock.
 #[derive(Debug)]
 pub struct Exports {
-    /// The record file; none where it could not be opened (handles then go stale when the
-    /// kernel forgets their nodes).
-    file: Option<OwnedFd>,
+    /// None where the records could not be opened: handles then go stale when the kernel
+    /// forgets their nodes.
+    files: Option<Files>,
+}
+
+#[derive(Debug)]
+struct Files {
+    records: OwnedFd,
     /// Local's root, opened for reading: `open_by_handle_at` takes no `O_PATH` descriptor.
-    mount: Option<OwnedFd>,
+    mount: OwnedFd,
 }
 
 impl Exports {
     /// Opens (or makes) the record file in local's root `local`.
     pub fn open(local: BorrowedFd<'_>) -> Exports {
-        let file = store::open_at(
-            local,
-            &std::ffi::CString::new(EXPORTS_NAME).expect("no NUL in the name"),
-            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW,
-            0o600,
-        );
-        let mount = store::reopen(local, OFlag::O_RDONLY | OFlag::O_DIRECTORY);
-        match (file, mount) {
-            (Ok(file), Ok(mount)) => Exports {
-                file: Some(file),
-                mount: Some(mount),
-            },
-            (file, mount) => {
-                let error = file.err().or(mount.err());
-                warn!(error = ?error, "no file handle records in local: handles of forgotten objects will be stale");
-                Exports {
-                    file: None,
-                    mount: None,
-                }
-            }
+        let files = (|| {
+            let records = store::open_at(
+                local,
+                &std::ffi::CString::new(EXPORTS_NAME).map_err(|_| Errno::EINVAL)?,
+                OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW,
+                0o600,
+            )?;
+            let mount = store::reopen(local, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+            Ok::<_, Errno>(Files { records, mount })
+        })();
+        if let Err(e) = &files {
+            warn!(error = %e, "no file handle records in local: handles of forgotten objects will be stale");
         }
+        Exports { files: files.ok() }
+    }
+
+    /// The record file and the offset of local inode number `ino`'s record in it.
+    fn slot(&self, ino: u64) -> Option<(&OwnedFd, libc::off_t)> {
+        let files = self.files.as_ref()?;
+        (ino < RECORDED_BELOW).then(|| (&files.records, (ino * RECORD as u64) as libc::off_t))
     }
 
     /// Records `record` for local inode number `ino`.
     pub fn record(&self, ino: u64, record: &Record) {
-        let (Some(file), Some(raw)) = (&self.file, record.encode()) else {
-            return;
-        };
-        if ino >= RECORDED_BELOW {
-            return;
+        if let Some((file, at)) = self.slot(ino) {
+            // A record that does not reach the disk leaves one handle stale, no more.
+            let _ = nix::sys::uio::pwrite(file, &record.encode(), at);
         }
-        // A record that does not reach the disk leaves one handle stale, no more.
-        let _ = nix::sys::uio::pwrite(file, &raw, (ino as usize * RECORD) as libc::off_t);
     }
 
     /// Records that a directory with local inode number `dir` holds a name of `ino`.
     pub fn moved(&self, ino: u64, dir: u64) {
-        let Some(file) = &self.file else { return };
-        if ino >= RECORDED_BELOW {
-            return;
+        if let Some((file, at)) = self.slot(ino) {
+            let _ = nix::sys::uio::pwrite(file, &dir.to_le_bytes(), at + 8);
         }
-        let at = ino as usize * RECORD + 8;
-        let _ = nix::sys::uio::pwrite(file, &dir.to_le_bytes(), at as libc::off_t);
     }
 
     /// The record of local inode number `ino`, if there is one.
     pub fn get(&self, ino: u64) -> Option<Record> {
-        let file = self.file.as_ref()?;
-        if ino >= RECORDED_BELOW {
-            return None;
-        }
+        let (file, at) = self.slot(ino)?;
         let mut raw = [0u8; RECORD];
-        let n =
-            nix::sys::uio::pread(file, &mut raw, (ino as usize * RECORD) as libc::off_t).ok()?;
+        let n = nix::sys::uio::pread(file, &mut raw, at).ok()?;
         (n == RECORD).then(|| Record::decode(&raw)).flatten()
     }
 
     /// Opens the object `handle` names in local, as an `O_PATH` handle.
     fn open_object(&self, handle: &FsHandle) -> Result<OwnedFd, Errno> {
-        let mount = self.mount.as_ref().ok_or(Errno::ESTALE)?;
-        handle.open(mount.as_fd(), OFlag::O_PATH | OFlag::O_NOFOLLOW)
+        let files = self.files.as_ref().ok_or(Errno::ESTALE)?;
+        handle.open(files.mount.as_fd(), OFlag::O_PATH | OFlag::O_NOFOLLOW)
     }
 }
 
@@ -342,13 +331,9 @@ impl View {
 fn name_in(dir: BorrowedFd<'_>, ino: u64) -> Result<OsString, Errno> {
     dirent::read_dir(dir)?
         .into_iter()
-        .find(|e| e.ino == ino && !crate::store::reserved::is_reserved_name(name_bytes(&e.name)))
+        .find(|e| e.ino == ino && !reserved::is_reserved_name(e.name.as_bytes()))
         .map(|e| e.name)
         .ok_or(Errno::ENOENT)
-}
-
-fn name_bytes(name: &OsStr) -> &[u8] {
-    std::os::unix::ffi::OsStrExt::as_bytes(name)
 }
 
 #[cfg(test)]
@@ -361,10 +346,7 @@ mod tests {
         let root = store::open_root(dir.path()).unwrap();
         let exports = Exports::open(root.as_fd());
         let record = Record {
-            handle: FsHandle {
-                kind: 1,
-                bytes: vec![1, 2, 3, 4, 5, 6, 7, 8],
-            },
+            handle: FsHandle::from_parts(1, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap(),
             dir: 77,
         };
         exports.record(12, &record);

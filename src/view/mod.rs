@@ -780,7 +780,7 @@ impl View {
         if writes && node.layer() != Layer::Local {
             if !defer_copy_up {
                 self.copy_up(node, true)?;
-            } else if let (layer @ (Layer::Remote | Layer::Virtual), Some(object)) = node.placed() {
+            } else if let (layer, Some(object)) = node.placed() {
                 let fd = store::reopen(object.as_fd(), OFlag::O_RDONLY)?;
                 // Counted under the copy lock, which a removal holds as it looks; a copy-up
                 // that came first leaves the copy to open.
