@@ -208,3 +208,53 @@ fn a_number_local_gives_to_a_new_object_does_not_revive_an_old_handle() {
         assert_eq!(read_handle(&m, h), Err(libc::ESTALE), "{name}");
     }
 }
+
+/// A daemon killed while a writer appends and fsyncs, and a new daemon on the same trees:
+/// every handle taken before the kill opens its file again, and each file holds at least
+/// what its writer had synced.
+#[test]
+fn handles_and_synced_data_outlive_a_daemon_killed_under_a_writer() {
+    let mut m = Mount::new();
+    let dir = m.path("w");
+    let handles = files(&dir, 8);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (dir, stop) = (dir.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut synced = vec![0usize; 8];
+            let mut round = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let i = round % 8;
+                let Ok(mut f) = fs::OpenOptions::new()
+                    .append(true)
+                    .open(dir.join(format!("f{i}")))
+                else {
+                    break; // the daemon is gone
+                };
+                use std::io::Write;
+                if f.write_all(&[b'.'; 512]).is_err() || f.sync_all().is_err() {
+                    break;
+                }
+                synced[i] += 512;
+                round += 1;
+            }
+            synced
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    m.kill_daemon();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let synced = writer.join().unwrap();
+    assert!(synced.iter().sum::<usize>() > 0, "the writer wrote nothing");
+    m.mount(&Options::default());
+    for (i, (name, h)) in handles.iter().enumerate() {
+        let got = read_handle(&m, h).unwrap_or_else(|e| panic!("{name} by its handle: errno {e}"));
+        assert!(got.starts_with(name.as_bytes()), "{name}: its first bytes");
+        assert!(
+            got.len() >= name.len() + synced[i],
+            "{name}: {} bytes, {} synced",
+            got.len(),
+            name.len() + synced[i]
+        );
+    }
+}
