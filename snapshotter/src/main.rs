@@ -57,6 +57,7 @@ fn main() -> Result<()> {
         root: args.root.clone(),
         view: view.clone(),
         driver: args.driver.clone(),
+        ..Config::new(&args.root)
     };
     let snapshots = Snapshots::open(&config)
         .with_context(|| format!("opening the snapshotter at {}", args.root.display()))?;

@@ -44,6 +44,37 @@ pub struct Config {
     pub view: Option<PathBuf>,
     /// The storage driver's name in the view (`overlay` for `overlay/`, `overlay-layers/`).
     pub driver: String,
+    /// Keep the directories of snapshots without a quota on the local disk directly, not
+    /// in the view (DESIGN §12, fast path).
+    pub fast_path: bool,
+    /// Where those directories go; by default `.layerfs-snapshotter/` in the layerfs
+    /// mount's local directory, which the view never shows.
+    pub local_root: Option<PathBuf>,
+}
+
+impl Config {
+    /// A snapshotter at `root`, with the defaults of every other setting.
+    pub fn new(root: &Path) -> Config {
+        Config {
+            root: root.to_owned(),
+            view: None,
+            driver: "overlay".into(),
+            fast_path: true,
+            local_root: None,
+        }
+    }
+}
+
+/// What sharing saved, for metrics: counted since start.
+#[derive(Debug, Default)]
+pub struct SharingCounters {
+    /// Prepares answered with a shared layer (remote-snapshot protocol).
+    pub adoptions: std::sync::atomic::AtomicU64,
+    /// Commits that kept a shared layer's files instead of the local copy.
+    pub dedupes: std::sync::atomic::AtomicU64,
+    /// Bytes not written locally thanks to them: the shared layers' sizes for adoptions,
+    /// the local copies dropped for dedupes.
+    pub bytes_saved: std::sync::atomic::AtomicU64,
 }
 
 pub struct Snapshots {
@@ -53,6 +84,7 @@ pub struct Snapshots {
     shared: Option<SharedLayers>,
     writer: Mutex<()>,
     state: RwLock<Arc<Meta>>,
+    counters: SharingCounters,
 }
 
 /// A snapshot as containerd's Info describes it.
@@ -92,6 +124,7 @@ impl Snapshots {
             file,
             writer: Mutex::new(()),
             state: RwLock::new(Arc::new(meta)),
+            counters: SharingCounters::default(),
         };
         // A leftover that cannot be removed (a mount left in it, a fault of the filesystem)
         // costs only its space: every recorded snapshot works without it, and a new one
@@ -104,6 +137,11 @@ impl Snapshots {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// What sharing layers saved since start.
+    pub fn counters(&self) -> &SharingCounters {
+        &self.counters
     }
 
     /// Whether snapshot quotas are enforced here (containerd's `SupportedQuota`).
@@ -634,11 +672,7 @@ mod tests {
         let mount = Unmount(stuck.clone());
         fs::write(stuck.join("kept"), b"x").unwrap();
 
-        let config = Config {
-            root: root.clone(),
-            view: None,
-            driver: "overlay".into(),
-        };
+        let config = Config::new(&root);
         let snapshots = Snapshots::open(&config).expect("starting beside a stuck leftover");
         assert!(!root.join("snapshots/2").exists());
         assert!(
