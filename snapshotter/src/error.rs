@@ -36,17 +36,30 @@ impl Error {
         }
     }
 
+    /// Whether it failed for want of space (the filesystem's, or a quota's).
+    pub fn is_out_of_space(&self) -> bool {
+        let cause = match self {
+            Error::Io { cause, .. } => cause,
+            Error::Quota(StorageError::Create { cause, .. }) => cause,
+            _ => return false,
+        };
+        matches!(
+            cause.raw_os_error(),
+            Some(libc::ENOSPC) | Some(libc::EDQUOT)
+        )
+    }
+
     pub fn code(&self) -> Code {
+        if self.is_out_of_space() {
+            return Code::ResourceExhausted;
+        }
         match self {
             Error::NotFound(_) => Code::NotFound,
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Corrupt(_) => Code::Internal,
-            Error::Io { cause, .. } => match cause.raw_os_error() {
-                Some(libc::ENOSPC) | Some(libc::EDQUOT) => Code::ResourceExhausted,
-                _ => Code::Internal,
-            },
+            Error::Io { .. } => Code::Internal,
             Error::Quota(e) => match e {
                 StorageError::Size(_)
                 | StorageError::InodesWithoutSize
@@ -77,6 +90,11 @@ mod tests {
         assert_eq!(Error::NotFound("k".into()).code(), Code::NotFound);
         assert_eq!(Error::AlreadyExists("k".into()).code(), Code::AlreadyExists);
         let full = Error::io("writing", io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(full.code(), Code::ResourceExhausted);
+        let full = Error::Quota(StorageError::Create {
+            dir: "/d".into(),
+            cause: io::Error::from_raw_os_error(libc::ENOSPC),
+        });
         assert_eq!(full.code(), Code::ResourceExhausted);
         let strict = Error::Quota(StorageError::Unsupported {
             dir: "/d".into(),

@@ -146,6 +146,7 @@ mod tests {
     fn record(parent: &str, labels: &[(&str, &str)]) -> Record {
         Record {
             id: 1,
+            place: Default::default(),
             kind: Kind::Committed,
             parent: (!parent.is_empty()).then(|| parent.to_owned()),
             labels: labels

@@ -40,11 +40,31 @@ pub enum Backing {
     Shared { layer: String, diff: PathBuf },
 }
 
+/// Which directory a local snapshot's own directory is in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Place {
+    /// `<root>/snapshots/<id>`: in the view when the root is, where quotas apply.
+    #[default]
+    Root,
+    /// `<local root>/snapshots/<id>`: on the local disk directly, for snapshots without a
+    /// quota (DESIGN §12, fast path).
+    Disk,
+}
+
+impl Place {
+    fn is_root(&self) -> bool {
+        *self == Place::Root
+    }
+}
+
 /// One snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
-    /// Names the directory `<root>/snapshots/<id>`; never reused.
+    /// Names the directory `snapshots/<id>` of its place; never reused.
     pub id: u64,
+    #[serde(default, skip_serializing_if = "Place::is_root")]
+    pub place: Place,
     pub kind: Kind,
     /// The parent's name, which must be committed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,6 +187,7 @@ mod tests {
     fn record(id: u64, parent: Option<&str>) -> Record {
         Record {
             id,
+            place: Place::Root,
             kind: Kind::Committed,
             parent: parent.map(str::to_owned),
             labels: BTreeMap::new(),
@@ -195,6 +216,9 @@ mod tests {
             diff: "/v/overlay/RO/l/diff".into(),
         };
         meta.snapshots.insert("b".into(), shared);
+        let mut fast = record(4, None);
+        fast.place = Place::Disk;
+        meta.snapshots.insert("c".into(), fast);
         file.store(&meta).unwrap();
         assert_eq!(file.load().unwrap(), meta);
         assert!(!tmp.path().join(".metadata.json.tmp").exists());

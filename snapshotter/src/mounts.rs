@@ -1,48 +1,79 @@
 //! The mounts containerd performs for a snapshot, as its own overlay snapshotter makes
 //! them: a bind mount for a snapshot alone, a kernel overlay over its parents otherwise.
-//! Upper and work directories lie under the snapshotter's root, inside the view when the
-//! root is, so the quota of a snapshot's directory covers everything the container writes
-//! and `df` in the container (statfs of the upper directory) shows it.
+//! A snapshot with a quota has its upper and work directories under the snapshotter's root,
+//! inside the view when the root is, so the quota of its directory covers everything the
+//! container writes and `df` in the container (statfs of the upper directory) shows it.
+//! One without a quota has them on the local disk directly (its [`Place::Disk`]): nothing
+//! it writes passes through FUSE, and only its shared lowers come from the view.
 
 use std::path::{Path, PathBuf};
 
 use crate::api::types::Mount;
 use crate::error::Error;
-use crate::meta::{Backing, Kind, Meta, Record};
+use crate::meta::{Backing, Kind, Meta, Place, Record};
 
 /// Where snapshots' directories are.
 #[derive(Debug, Clone)]
 pub struct Dirs {
     root: PathBuf,
+    disk: Option<PathBuf>,
 }
 
 impl Dirs {
-    pub fn new(root: &Path) -> Dirs {
+    /// Directories under `root`, and under `disk` for [`Place::Disk`] when there is one.
+    pub fn new(root: &Path, disk: Option<&Path>) -> Dirs {
         Dirs {
             root: root.to_owned(),
+            disk: disk.map(Path::to_owned),
         }
     }
 
-    /// `<root>/snapshots`, which holds one directory per local snapshot.
-    pub fn snapshots(&self) -> PathBuf {
-        self.root.join("snapshots")
+    /// Where a snapshot without a quota goes: on the local disk when there is one.
+    pub fn unlimited(&self) -> Place {
+        match self.disk {
+            Some(_) => Place::Disk,
+            None => Place::Root,
+        }
     }
 
-    /// The directory of the snapshot with `id`: the quota root when it has one.
-    pub fn dir(&self, id: u64) -> PathBuf {
-        self.snapshots().join(id.to_string())
+    /// Every place's `snapshots` directory, which holds one directory per local snapshot.
+    pub fn all_snapshots(&self) -> impl Iterator<Item = (Place, PathBuf)> + '_ {
+        [Place::Root, Place::Disk]
+            .into_iter()
+            .filter_map(|place| Some((place, self.base(place)?.join("snapshots"))))
+    }
+
+    fn base(&self, place: Place) -> Option<&Path> {
+        match place {
+            Place::Root => Some(&self.root),
+            Place::Disk => self.disk.as_deref(),
+        }
+    }
+
+    /// The directory of the snapshot `id` in `place`: the quota root when it has one. A
+    /// table that names the disk where none is configured points at the root, where
+    /// nothing is found, rather than anywhere else.
+    pub fn dir_in(&self, place: Place, id: u64) -> PathBuf {
+        self.base(place)
+            .unwrap_or(&self.root)
+            .join("snapshots")
+            .join(id.to_string())
+    }
+
+    pub fn dir(&self, record: &Record) -> PathBuf {
+        self.dir_in(record.place, record.id)
     }
 
     /// The files of a snapshot: its own `fs`, or the shared layer's `diff`.
     pub fn files(&self, record: &Record) -> PathBuf {
         match &record.backing {
-            Backing::Local => self.dir(record.id).join("fs"),
+            Backing::Local => self.dir(record).join("fs"),
             Backing::Shared { diff, .. } => diff.clone(),
         }
     }
 
     pub fn work(&self, record: &Record) -> PathBuf {
-        self.dir(record.id).join("work")
+        self.dir(record).join("work")
     }
 }
 

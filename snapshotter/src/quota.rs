@@ -39,6 +39,16 @@ pub struct Wanted {
     pub labels: Vec<(String, String)>,
 }
 
+impl Wanted {
+    /// Whether it asks for a limit at all: one that asks for none needs no quota root.
+    pub fn limits(&self) -> bool {
+        matches!(
+            storage::requested_limit(&self.storage, &self.labels),
+            Ok(Some(_))
+        )
+    }
+}
+
 /// Reads the quota labels. A malformed value is an error here, before anything is made.
 pub fn from_labels(labels: &BTreeMap<String, String>) -> Result<Wanted, Error> {
     let size = labels.get(SIZE_LABEL).cloned().unwrap_or_default();
@@ -94,23 +104,19 @@ pub fn supported(root: &Path) -> bool {
     quota_backend::backend_for(root).supported_quota()
 }
 
-/// What `dir` uses: the quota's own figures when it is a quota root of a layerfs mount, a
-/// walk of the tree otherwise.
-pub fn usage(root: &Path, dir: &Path, has_quota: bool) -> Result<Usage, Error> {
-    if has_quota {
-        match quota_figures(root, dir) {
-            Ok(info) => {
-                return Ok(Usage {
-                    size: info.used,
-                    inodes: info.inodes_used,
-                })
-            }
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "quota figures unavailable; walking the tree")
-            }
+/// What the quota root `dir` uses: the quota's own figures, or a walk of the tree where
+/// they cannot be had.
+pub fn usage(root: &Path, dir: &Path) -> Result<Usage, Error> {
+    match quota_figures(root, dir) {
+        Ok(info) => Ok(Usage {
+            size: info.used,
+            inodes: info.inodes_used,
+        }),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "quota figures unavailable; walking the tree");
+            walk(dir)
         }
     }
-    walk(dir)
 }
 
 fn quota_figures(root: &Path, dir: &Path) -> Result<QuotaInfo, Error> {

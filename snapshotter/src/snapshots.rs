@@ -11,22 +11,34 @@
 //! looked at before `writer` is taken, so a stalled remote holds up only the request that
 //! asked for it.
 //!
+//! **Where snapshots live.** A snapshot with a quota has its directory under the root, in
+//! the view, where the quota is enforced. One without a quota has it on the local disk
+//! directly ([`Place::Disk`]: `.layerfs-snapshotter/` in the layerfs mount's local
+//! directory, which the view never shows), so a container writes at the local disk's
+//! speed; only shared layers are read through the view.
+//!
 //! **Crash safety.** A change makes its directories first and records them second; a
 //! removal forgets the record first and removes the directory second. A crash in between
 //! leaves a directory no record names, which [`Snapshots::cleanup`] (and start-up) remove.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use layerfs::control::protocol::Op;
+use layerfs::control::{client, quota_backend};
+use layerfs::report::Status;
+use layerfs::store::reserved::SNAPSHOTTER_NAME;
 use parking_lot::{Mutex, RwLock};
 
 use crate::api::types::Mount;
 use crate::error::Error;
 use crate::filter::{self, Filter};
-use crate::meta::{self, Backing, Kind, Meta, MetaFile, Record, Usage};
+use crate::meta::{self, Backing, Kind, Meta, MetaFile, Place, Record, Usage};
 use crate::mounts::{self, Dirs};
 use crate::quota;
 use crate::shared::{self, SharedLayers};
@@ -34,6 +46,9 @@ use crate::tree;
 
 /// The label containerd's remote-snapshot protocol puts the wanted chain ID in.
 pub const REF_LABEL: &str = "containerd.io/snapshot.ref";
+/// Marks a snapshot whose files come from elsewhere, with the value stargz and nydus use.
+pub const REMOTE_LABEL: &str = "containerd.io/snapshot/remote";
+pub const REMOTE_LABEL_VALUE: &str = "remote snapshot";
 
 /// Where the snapshotter keeps its snapshots and finds shared layers.
 #[derive(Debug, Clone)]
@@ -85,6 +100,8 @@ pub struct Snapshots {
     writer: Mutex<()>,
     state: RwLock<Arc<Meta>>,
     counters: SharingCounters,
+    /// What each shared layer's files take, by layer id: measured once, through the view.
+    shared_usage: Mutex<HashMap<String, Usage>>,
 }
 
 /// A snapshot as containerd's Info describes it.
@@ -106,7 +123,11 @@ impl Snapshots {
             .view
             .as_ref()
             .map(|v| fs::canonicalize(v).unwrap_or(v.clone()));
-        for path in std::iter::once(&root).chain(view.as_ref()) {
+        let disk = disk_root(config, &root)?;
+        for path in std::iter::once(&root)
+            .chain(view.as_ref())
+            .chain(disk.as_ref())
+        {
             if !mounts::fits_overlay_options(path) {
                 return Err(Error::InvalidArgument(format!(
                     "{}: overlay mount options cannot carry a path with `,`, `:` or `=`",
@@ -114,7 +135,7 @@ impl Snapshots {
                 )));
             }
         }
-        let dirs = Dirs::new(&root);
+        let dirs = Dirs::new(&root, disk.as_deref());
         let file = MetaFile::new(&root);
         let meta = file.load()?;
         let snapshots = Snapshots {
@@ -125,6 +146,7 @@ impl Snapshots {
             writer: Mutex::new(()),
             state: RwLock::new(Arc::new(meta)),
             counters: SharingCounters::default(),
+            shared_usage: Mutex::default(),
         };
         // A leftover that cannot be removed (a mount left in it, a fault of the filesystem)
         // costs only its space: every recorded snapshot works without it, and a new one
@@ -137,6 +159,11 @@ impl Snapshots {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Where snapshots without a quota are: the local disk directly, or the root.
+    pub fn unlimited_place(&self) -> Place {
+        self.dirs.unlimited()
     }
 
     /// What sharing layers saved since start.
@@ -202,7 +229,13 @@ impl Snapshots {
             return Err(Error::AlreadyExists(format!("snapshot {key}")));
         }
         let parent = check_parent(&meta, parent)?;
-        let (id, dir) = self.free_dir(meta.next_id.max(1));
+        let wanted = wanted.filter(|w| w.limits());
+        let place = match wanted {
+            Some(_) => Place::Root,
+            None => self.dirs.unlimited(),
+        };
+        let id = self.free_id(meta.next_id.max(1));
+        let dir = self.dirs.dir_in(place, id);
         meta.next_id = id + 1;
         let limit = match wanted {
             Some(wanted) => quota::make_dir(&self.root, &dir, wanted)?,
@@ -215,6 +248,7 @@ impl Snapshots {
         let now = meta::now();
         let record = Record {
             id,
+            place,
             kind,
             parent,
             labels,
@@ -226,43 +260,92 @@ impl Snapshots {
             usage: None,
         };
         let made = self.make_files(&record).and_then(|()| {
-            meta.snapshots.insert(key.to_owned(), record);
+            meta.snapshots.insert(key.to_owned(), record.clone());
             self.publish(meta)
         });
         if let Err(e) = made {
             self.discard(&dir);
-            return Err(e);
+            return Err(match (limit, e) {
+                (Some(limit), e) if e.is_out_of_space() => self.too_small(key, &record, limit, e),
+                (_, e) => e,
+            });
         }
         mounts::mounts(&self.dirs, &self.current(), key)
     }
 
-    /// The first id from `id` on whose directory is not there, or could be removed: a
-    /// directory no record owns (a removal that failed, a crash before the record was
-    /// written) must not block its id, even when it cannot be removed.
-    fn free_dir(&self, mut id: u64) -> (u64, PathBuf) {
+    /// The first id from `id` on whose directories are not there in any place, or could
+    /// be removed: a directory no record owns (a removal that failed, a crash before the
+    /// record was written) must not block its id, even when it cannot be removed.
+    fn free_id(&self, mut id: u64) -> u64 {
         loop {
-            let dir = self.dirs.dir(id);
-            if fs::symlink_metadata(&dir).is_err() {
-                return (id, dir);
-            }
-            self.discard(&dir);
-            if fs::symlink_metadata(&dir).is_err() {
-                return (id, dir);
+            let free = self.dirs.all_snapshots().all(|(place, _)| {
+                let dir = self.dirs.dir_in(place, id);
+                if fs::symlink_metadata(&dir).is_err() {
+                    return true;
+                }
+                self.discard(&dir);
+                fs::symlink_metadata(&dir).is_err()
+            });
+            if free {
+                return id;
             }
             id += 1;
         }
     }
 
+    /// Makes a snapshot's own directories. An active one with a quota also gets the work
+    /// directory overlay makes at mount (`work/work`), so that a quota too small for them
+    /// fails here, with the minimum named, and not at mount with a read-only overlay.
     fn make_files(&self, record: &Record) -> Result<(), Error> {
-        let mut wanted = vec![self.dirs.files(record)];
-        if record.kind == Kind::Active {
-            wanted.push(self.dirs.work(record));
-        }
-        for dir in wanted {
+        for dir in self.own_dirs(record, &self.dirs.dir(record)) {
             fs::create_dir(&dir)
                 .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         }
         Ok(())
+    }
+
+    /// The directories `make_files` makes for `record` in the snapshot directory `dir`.
+    fn own_dirs(&self, record: &Record, dir: &Path) -> Vec<PathBuf> {
+        let mut dirs = vec![dir.join("fs")];
+        if record.kind == Kind::Active {
+            dirs.push(dir.join("work"));
+            if record.quota.is_some() {
+                dirs.push(dir.join("work/work"));
+            }
+        }
+        dirs
+    }
+
+    /// The error for a quota of `limit` bytes that could not hold `record`'s own
+    /// directories: InvalidArgument naming what they need, measured in a directory beside
+    /// it without a quota; `cause` as it was when they fit (the filesystem itself is full).
+    fn too_small(&self, key: &str, record: &Record, limit: u64, cause: Error) -> Error {
+        let probe = self
+            .dirs
+            .dir_in(Place::Root, record.id)
+            .with_extension("probe");
+        let measured = fs::create_dir(&probe)
+            .map_err(|e| Error::io(format!("creating {}", probe.display()), e))
+            .and_then(|()| {
+                for dir in self.own_dirs(record, &probe) {
+                    fs::create_dir(&dir)
+                        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+                }
+                quota::walk(&probe)
+            });
+        self.discard(&probe);
+        match measured {
+            Ok(needed) if needed.size > limit => Error::InvalidArgument(format!(
+                "a quota of {limit} bytes is too small for snapshot {key}: its own \
+                 directories need at least {} bytes",
+                needed.size
+            )),
+            Ok(_) => cause,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "cannot measure what a snapshot's directories need");
+                cause
+            }
+        }
     }
 
     /// Answers a labelled Prepare from the shared tree, when it can: Err(AlreadyExists)
@@ -305,13 +388,16 @@ impl Snapshots {
         let id = meta.next_id.max(1);
         meta.next_id = id + 1;
         let now = meta::now();
+        let mut labels = labels.clone();
+        labels.insert(REMOTE_LABEL.into(), REMOTE_LABEL_VALUE.into());
         meta.snapshots.insert(
             name.clone(),
             Record {
                 id,
+                place: Place::Root,
                 kind: Kind::Committed,
                 parent,
-                labels: labels.clone(),
+                labels,
                 created: now,
                 updated: now,
                 backing: Backing::Shared {
@@ -320,10 +406,14 @@ impl Snapshots {
                 },
                 chain: Some(target.to_owned()),
                 quota: None,
-                usage: Some(Usage::default()),
+                usage: None,
             },
         );
         self.publish(meta)?;
+        self.counters.adoptions.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_saved
+            .fetch_add(layer.diff_size.unwrap_or(0), Ordering::Relaxed);
         tracing::info!(target, layer = layer.id, name, "adopted a shared layer");
         Err(Error::AlreadyExists(format!("snapshot {target}")))
     }
@@ -347,11 +437,7 @@ impl Snapshots {
         // containerd writes nothing into a snapshot it is committing.
         let measured = {
             let active = self.current().get(key)?.clone();
-            let dir = self.dirs.dir(active.id);
-            (
-                active.id,
-                quota::usage(&self.root, &dir, active.quota.is_some())?,
-            )
+            (active.id, self.measure(&active)?)
         };
         let writer = self.writer.lock();
         let mut meta = (*self.current()).clone();
@@ -364,11 +450,11 @@ impl Snapshots {
         if meta.snapshots.contains_key(name) {
             return Err(Error::AlreadyExists(format!("snapshot {name}")));
         }
-        let dir = self.dirs.dir(active.id);
+        let dir = self.dirs.dir(&active);
         let usage = match measured {
             (id, usage) if id == active.id => usage,
             // Removed and prepared again meanwhile: measure what is there now.
-            _ => quota::usage(&self.root, &dir, active.quota.is_some())?,
+            _ => self.measure(&active)?,
         };
         let below = chain_below(&meta, active.parent.as_deref())?;
         let dedupe = shared.filter(|layer| below.as_ref() == Some(&layer.parent_chain));
@@ -387,6 +473,11 @@ impl Snapshots {
                 layer: layer.id.clone(),
                 diff: layer.diff.clone(),
             };
+            // What the snapshot takes now is the shared layer's, measured when asked.
+            record.usage = None;
+            record
+                .labels
+                .insert(REMOTE_LABEL.into(), REMOTE_LABEL_VALUE.into());
         }
         meta.snapshots.remove(key);
         meta.snapshots.insert(name.to_owned(), record);
@@ -394,6 +485,10 @@ impl Snapshots {
         // No record owns the directory now: it is removed without holding up others.
         drop(writer);
         if let Some(layer) = dedupe {
+            self.counters.dedupes.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .bytes_saved
+                .fetch_add(usage.size, Ordering::Relaxed);
             tracing::info!(
                 name,
                 layer = layer.id,
@@ -420,7 +515,7 @@ impl Snapshots {
         self.publish(meta)?;
         drop(writer);
         if record.backing == Backing::Local {
-            self.discard(&self.dirs.dir(record.id));
+            self.discard(&self.dirs.dir(&record));
         }
         Ok(())
     }
@@ -505,18 +600,39 @@ impl Snapshots {
     }
 
     /// What the snapshot `key` uses: for an active one, now (its quota's figures when it
-    /// has one); for a committed one, what it used when committed (nothing for a shared
-    /// layer, which takes no local space).
+    /// has one); for a committed one, what it used when committed; for one backed by a
+    /// shared layer, what that layer's files take (as containerd's snapshotters report a
+    /// layer's own size, although it takes no local space).
     pub fn usage(&self, key: &str) -> Result<Usage, Error> {
         let record = self.current().get(key)?.clone();
+        if let Backing::Shared { layer, diff } = &record.backing {
+            return self.shared_usage(layer, diff);
+        }
         match (record.kind, record.usage) {
             (Kind::Committed, Some(usage)) => Ok(usage),
-            _ => quota::usage(
-                &self.root,
-                &self.dirs.dir(record.id),
-                record.quota.is_some(),
-            ),
+            _ => self.measure(&record),
         }
+    }
+
+    /// What a local snapshot takes now: its quota's figures (the whole directory the quota
+    /// covers) when it has one, else its files, as containerd's overlay snapshotter
+    /// measures its upper directory.
+    fn measure(&self, record: &Record) -> Result<Usage, Error> {
+        match record.quota {
+            Some(_) => quota::usage(&self.root, &self.dirs.dir(record)),
+            None => quota::walk(&self.dirs.files(record)),
+        }
+    }
+
+    /// What the shared layer `layer`'s files take: walked once through the view (a layer
+    /// never changes once complete), then remembered.
+    fn shared_usage(&self, layer: &str, diff: &Path) -> Result<Usage, Error> {
+        if let Some(usage) = self.shared_usage.lock().get(layer) {
+            return Ok(*usage);
+        }
+        let usage = quota::walk(diff)?;
+        self.shared_usage.lock().insert(layer.to_owned(), usage);
+        Ok(usage)
     }
 
     /// Removes the directories no snapshot owns: left by a crash, or by a removal that
@@ -543,27 +659,28 @@ impl Snapshots {
     fn remove_orphans(&self) -> Result<Vec<(PathBuf, io::Error)>, Error> {
         let _writer = self.writer.lock();
         let meta = self.current();
-        let owned: std::collections::HashSet<String> = meta
+        let owned: HashSet<PathBuf> = meta
             .snapshots
             .values()
             .filter(|r| r.backing == Backing::Local)
-            .map(|r| r.id.to_string())
+            .map(|r| self.dirs.dir(r))
             .collect();
-        let dir = self.dirs.snapshots();
-        let entries =
-            fs::read_dir(&dir).map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
         let mut left = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if owned.contains(&name) {
-                continue;
-            }
-            let path = entry.path();
-            tracing::info!(dir = %path.display(), "removing a directory no snapshot owns");
-            if let Err(e) = tree::remove(&path) {
-                tracing::warn!(dir = %path.display(), error = %e, "cannot remove a directory no snapshot owns; leaving it");
-                left.push((path, e));
+        for (_, dir) in self.dirs.all_snapshots() {
+            let entries = fs::read_dir(&dir)
+                .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
+            for entry in entries {
+                let entry =
+                    entry.map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
+                let path = entry.path();
+                if owned.contains(&path) {
+                    continue;
+                }
+                tracing::info!(dir = %path.display(), "removing a directory no snapshot owns");
+                if let Err(e) = tree::remove(&path) {
+                    tracing::warn!(dir = %path.display(), error = %e, "cannot remove a directory no snapshot owns; leaving it");
+                    left.push((path, e));
+                }
             }
         }
         Ok(left)
@@ -577,6 +694,44 @@ impl Snapshots {
             }
         }
     }
+}
+
+/// Where snapshots without a quota go, made if missing: `config.local_root`; else, for a
+/// root inside a layerfs mount, `.layerfs-snapshotter/<the root's path in the mount>` in
+/// that mount's local directory, on the local disk and never shown by the view. `None`
+/// when the fast path is off, or the root is not in a layerfs mount (and so is on a disk
+/// already).
+fn disk_root(config: &Config, root: &Path) -> Result<Option<PathBuf>, Error> {
+    if !config.fast_path {
+        return Ok(None);
+    }
+    let dir = match &config.local_root {
+        Some(dir) => dir.clone(),
+        None => {
+            let Some(mount) = quota_backend::layerfs_mount_of(root) else {
+                return Ok(None);
+            };
+            let status: Status = client::query(&mount, Op::Status)
+                .map_err(|e| {
+                    Error::Quota(layerfs::quota::storage::StorageError::Backend(Box::new(e)))
+                })
+                .and_then(|v| {
+                    serde_json::from_value(v)
+                        .map_err(|e| Error::Corrupt(format!("a status answer: {e}")))
+                })?;
+            let inside = root.strip_prefix(&mount).unwrap_or(Path::new(""));
+            Path::new(&status.local)
+                .join(std::ffi::OsStr::from_bytes(SNAPSHOTTER_NAME))
+                .join(inside)
+        }
+    };
+    let snapshots = dir.join("snapshots");
+    fs::create_dir_all(&snapshots)
+        .map_err(|e| Error::io(format!("creating {}", snapshots.display()), e))?;
+    let dir =
+        fs::canonicalize(&dir).map_err(|e| Error::io(format!("resolving {}", dir.display()), e))?;
+    tracing::info!(dir = %dir.display(), "snapshots without a quota are kept on the local disk");
+    Ok(Some(dir))
 }
 
 /// The chain ID of the layers under a snapshot over `parent`: `Some(None)` over none, and

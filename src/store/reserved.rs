@@ -1,6 +1,8 @@
 //! The names layerfs keeps for its own bookkeeping in local: temporary files (copy-up,
-//! atomic replaces) and the quota registry. The view never shows them and refuses to
-//! create them; the quota scan skips them.
+//! atomic replaces), the quota registry, the file handle records, and the directory the
+//! containerd snapshotter keeps unlimited snapshots in (they live on the local disk
+//! directly, beside what the view serves, not in it). The view never shows them and
+//! refuses to create them; the quota scan skips them.
 
 use std::sync::OnceLock;
 
@@ -11,6 +13,8 @@ static TEMP_PREFIX: OnceLock<Vec<u8>> = OnceLock::new();
 pub const REGISTRY_NAME: &[u8] = b".layerfs-quota.json";
 /// The file handle records' name (see `view::exports`).
 pub const EXPORTS_NAME: &[u8] = b".layerfs-exports";
+/// The snapshotter's own directory in local (see `layerfs-snapshotter`, DESIGN §12).
+pub const SNAPSHOTTER_NAME: &[u8] = b".layerfs-snapshotter";
 
 /// Tags the temporary names of this process's view with `tag` (its local root's inode
 /// number): another layerfs whose local lies in this view then has temporary names of its
@@ -27,5 +31,8 @@ pub fn temp_prefix() -> &'static [u8] {
 /// The view's own bookkeeping in local (temporary files, the quota registry, the file
 /// handle records): never visible in the view, never creatable through it.
 pub fn is_reserved_name(name: &[u8]) -> bool {
-    name.starts_with(temp_prefix()) || name == REGISTRY_NAME || name == EXPORTS_NAME
+    name.starts_with(temp_prefix())
+        || name == REGISTRY_NAME
+        || name == EXPORTS_NAME
+        || name == SNAPSHOTTER_NAME
 }

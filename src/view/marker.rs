@@ -180,6 +180,7 @@ mod tests {
         // Another tree's temporary names (hex tags never hold a `z`) are ordinary names.
         assert!(!is_reserved_name(b".layerfs-tmp.zz.1.2"));
         assert!(is_reserved_name(b".layerfs-quota.json"));
+        assert!(is_reserved_name(b".layerfs-snapshotter"));
         assert!(!is_reserved_name(b".layerfs-notes"));
         assert!(!is_reserved_name(b".layerfs"));
     }
