@@ -1,4 +1,5 @@
-//! The HTTP side: `GET /metrics` on the address `-o metrics=` names.
+//! The HTTP side: `GET /metrics` on the address `-o metrics=` names. [`serve_with`] serves
+//! any exposition the same way (the containerd snapshotter's, for one).
 //!
 //! The server has a thread and a single-threaded runtime of its own, so a slow scraper
 //! never takes a thread that serves FUSE requests or the control socket, and the FUSE side
@@ -51,8 +52,18 @@ impl Drop for Server {
     }
 }
 
+/// Makes one scrape's exposition in the Prometheus text format ([`super::CONTENT_TYPE`]), or
+/// says why it cannot. Called on the server's thread, once per scrape.
+pub type Render = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
 /// Binds `addr` and serves `metrics` on it until the returned [`Server`] is dropped.
 pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<Server, Error> {
+    serve_with(addr, Arc::new(move || metrics.encode()))
+}
+
+/// Binds `addr` and serves what `render` makes on it until the returned [`Server`] is
+/// dropped.
+pub fn serve_with(addr: SocketAddr, render: Render) -> Result<Server, Error> {
     let listener =
         std::net::TcpListener::bind(addr).map_err(|source| Error::Bind { addr, source })?;
     let bound = listener.local_addr().map_err(Error::Start)?;
@@ -69,7 +80,7 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<Server, Error> {
     let (stop, stopped) = oneshot::channel();
     let thread = std::thread::Builder::new()
         .name("metrics".into())
-        .spawn(move || runtime.block_on(accept(listener, metrics, stopped)))
+        .spawn(move || runtime.block_on(accept(listener, render, stopped)))
         .map_err(Error::Start)?;
     info!(address = %bound, "serving metrics over HTTP at /metrics");
     Ok(Server {
@@ -81,7 +92,7 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<Server, Error> {
 
 async fn accept(
     listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
+    render: Render,
     mut stopped: oneshot::Receiver<()>,
 ) {
     loop {
@@ -89,7 +100,7 @@ async fn accept(
             _ = &mut stopped => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    tokio::spawn(connection(stream, peer, metrics.clone()));
+                    tokio::spawn(connection(stream, peer, render.clone()));
                 }
                 Err(e) => {
                     // Out of descriptors, most likely: wait rather than spin.
@@ -107,8 +118,8 @@ const MAX_HEAD: usize = 16 * 1024;
 /// Serves one connection: GET or HEAD requests without bodies, kept alive as HTTP/1.1 asks,
 /// until the client closes, sends something else, or the time limits run out. A scrape
 /// endpoint needs no more of HTTP than this, and the daemon links no HTTP stack for it.
-async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, metrics: Arc<Metrics>) {
-    match tokio::time::timeout(CONNECTION_TIMEOUT, serve_requests(stream, &metrics)).await {
+async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, render: Render) {
+    match tokio::time::timeout(CONNECTION_TIMEOUT, serve_requests(stream, &*render)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => debug!(%peer, error = %e, "metrics: connection ended with an error"),
         Err(_) => debug!(%peer, "metrics: connection closed after the time limit"),
@@ -117,7 +128,7 @@ async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, metrics: Ar
 
 async fn serve_requests(
     mut stream: tokio::net::TcpStream,
-    metrics: &Metrics,
+    render: &(dyn Fn() -> Result<String, String> + Send + Sync),
 ) -> std::io::Result<()> {
     let mut buffer = Vec::with_capacity(1024);
     loop {
@@ -132,7 +143,7 @@ async fn serve_requests(
         buffer.drain(..head_len);
         let request = Request::parse(&head);
         let (mut response, keep) = match &request {
-            Some(request) => (respond(request, metrics), request.keep_alive()),
+            Some(request) => (respond(request, render), request.keep_alive()),
             None => (plain(400, "Bad Request", "bad request\n"), false),
         };
         if !keep {
@@ -248,7 +259,10 @@ impl Response {
     }
 }
 
-fn respond(request: &Request<'_>, metrics: &Metrics) -> Response {
+fn respond(
+    request: &Request<'_>,
+    render: &(dyn Fn() -> Result<String, String> + Send + Sync),
+) -> Response {
     if request.path != "/metrics" {
         return plain(404, "Not Found", "not found: metrics are at /metrics\n");
     }
@@ -257,7 +271,7 @@ fn respond(request: &Request<'_>, metrics: &Metrics) -> Response {
         response.push_str_header("Allow", "GET, HEAD");
         return response;
     }
-    match metrics.encode() {
+    match render() {
         Ok(body) => Response {
             status: 200,
             reason: "OK",

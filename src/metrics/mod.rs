@@ -37,7 +37,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::report::{Kind, RoundReport, Status};
-pub use http::{serve, Server};
+pub use http::{serve, serve_with, Server};
 pub use latency::Latency;
 
 /// Why metrics cannot be served.
