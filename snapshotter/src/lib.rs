@@ -11,12 +11,17 @@
 //! - **Quotas** ([`quota`]): an active snapshot becomes a layerfs quota root when its
 //!   labels ask for one, decided by layerfs's own quota core.
 //!
+//! [`config`] reads the command line and the configuration file; [`metrics`] counts the
+//! calls for the Prometheus endpoint.
+//!
 //! This crate holds the gRPC stack; the FUSE daemon (`layerfs`) links none of it.
 
 pub mod api;
+pub mod config;
 pub mod error;
 pub mod filter;
 pub mod meta;
+pub mod metrics;
 pub mod mounts;
 pub mod quota;
 pub mod service;

@@ -1,10 +1,12 @@
 //! `layerfs-snapshotter`: serves containerd's Snapshots API on a unix socket, with
-//! snapshots under a directory of a layerfs mount. See `docs/snapshotter.md`.
+//! snapshots under a directory of a layerfs mount. Settings come from the command line over
+//! a TOML file ([`layerfs_snapshotter::config`]). See `docs/snapshotter.md` and
+//! `docs/snapshotter-operations.md`.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,73 +15,79 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use layerfs::control::quota_backend;
 use layerfs_snapshotter::api::snapshots::snapshots_server::SnapshotsServer;
+use layerfs_snapshotter::config::{Args, Settings};
 use layerfs_snapshotter::service::Service;
-use layerfs_snapshotter::{Config, Snapshots};
+use layerfs_snapshotter::Snapshots;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
-/// A containerd proxy snapshotter that stores snapshots in a layerfs mount, adopts layers
-/// the shared tree already holds, and enforces snapshot quotas.
-#[derive(Debug, Parser)]
-#[command(version)]
-struct Args {
-    /// The unix socket to serve on (`address` of `[proxy_plugins.layerfs]`).
-    #[arg(long, default_value = "/run/layerfs/snapshotter.sock")]
-    address: PathBuf,
-    /// Where snapshots are kept: a directory inside a layerfs mount for quotas and shared
-    /// layers (created if missing).
-    #[arg(long)]
-    root: PathBuf,
-    /// The layerfs view whose shared layers are adopted; by default the layerfs mount
-    /// `--root` is in, if any.
-    #[arg(long)]
-    view: Option<PathBuf>,
-    /// The storage driver's directory names in the view (`overlay` for `overlay/RO/…`).
-    #[arg(long, default_value = "overlay")]
-    driver: String,
-}
-
 fn main() -> Result<()> {
+    let settings = Settings::load(Args::parse())?;
+    // As with layerfs itself, the environment wins over the configuration, so that a
+    // one-off debug run needs no edit of the file.
+    let filter = match tracing_subscriber::EnvFilter::try_from_env("LAYERFS_LOG") {
+        Ok(filter) => filter,
+        Err(_) => {
+            tracing_subscriber::EnvFilter::try_new(&settings.log_level).with_context(|| {
+                format!(
+                    "log_level: {:?} is not a level or filter",
+                    settings.log_level
+                )
+            })?
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LAYERFS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let args = Args::parse();
-    let view = args
+    let view = settings
         .view
         .clone()
-        .or_else(|| quota_backend::layerfs_mount_of(&args.root));
-    let config = Config {
-        root: args.root.clone(),
-        view: view.clone(),
-        driver: args.driver.clone(),
-        ..Config::new(&args.root)
-    };
-    let snapshots = Snapshots::open(&config)
-        .with_context(|| format!("opening the snapshotter at {}", args.root.display()))?;
+        .or_else(|| quota_backend::layerfs_mount_of(&settings.root));
+    let snapshots = Snapshots::open(&settings.snapshots(view.clone()))
+        .with_context(|| format!("opening the snapshotter at {}", settings.root.display()))?;
     tracing::info!(
+        config = ?settings.config_file,
         root = %snapshots.root().display(),
         view = ?view,
         supported_quota = snapshots.supported_quota(),
-        address = %args.address.display(),
+        fast_path = settings.fast_path,
+        address = %settings.address.display(),
+        metrics = ?settings.metrics_address,
         "serving"
     );
+    let service = Service::new(Arc::new(snapshots));
+    // Bound before the socket, so that an address that cannot be had fails the start
+    // instead of leaving the snapshotter silently unobservable.
+    let _metrics_server = match settings.metrics_address {
+        Some(addr) => {
+            let metrics = service.metrics();
+            Some(layerfs::metrics::serve_with(
+                addr,
+                Arc::new(move || metrics.encode()),
+            )?)
+        }
+        None => None,
+    };
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(serve(&args.address, Arc::new(snapshots)))
+    runtime.block_on(serve(&settings.address, service))
 }
 
 /// In-flight calls get this long to finish once asked to stop. containerd keeps its
 /// connection open, so the stop waits for calls, not for connections to close.
 const GRACE: Duration = Duration::from_secs(10);
 
-async fn serve(address: &Path, snapshots: Arc<Snapshots>) -> Result<()> {
+async fn serve(address: &Path, service: Service) -> Result<()> {
     let listener = listen(address)?;
+    // Under systemd (`Type=notify`), containerd is started only once the socket takes
+    // connections.
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+            tracing::warn!(error = %e, "could not tell systemd the snapshotter is ready");
+        }
+    }
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
-    let service = Service::new(snapshots);
     let in_flight = service.in_flight();
     let server = tokio::spawn(
         tonic::transport::Server::builder()

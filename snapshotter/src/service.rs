@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
@@ -14,6 +14,7 @@ use crate::api::snapshots::snapshots_server::Snapshots as SnapshotsApi;
 use crate::api::snapshots::*;
 use crate::error::Error;
 use crate::meta;
+use crate::metrics::Metrics;
 use crate::snapshots::{self, Snapshots};
 
 /// Infos per List message, well below gRPC's 4 MiB message limit even with many labels.
@@ -23,14 +24,29 @@ const LIST_BATCH: usize = 100;
 pub struct Service {
     snapshots: Arc<Snapshots>,
     in_flight: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
 }
 
 impl Service {
     pub fn new(snapshots: Arc<Snapshots>) -> Service {
         Service {
+            metrics: Arc::new(Metrics::new(snapshots.clone())),
             snapshots,
             in_flight: Arc::default(),
         }
+    }
+
+    /// The calls answered so far, and the sharing counters, for the metrics endpoint.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Answers a call that is refused before it reaches the snapshots, counting it as any
+    /// other.
+    fn refuse(&self, op: &'static str, status: Status) -> Status {
+        tracing::debug!(op, error = %status.message(), "refused");
+        self.metrics.observe(op, status.code(), Duration::ZERO);
+        status
     }
 
     /// How many calls are being served now, so that a stop can wait for them and no longer.
@@ -43,27 +59,35 @@ impl Service {
         op: &'static str,
         f: impl FnOnce(&Snapshots) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Status> {
+        let started = Instant::now();
         let snapshots = self.snapshots.clone();
         let in_flight = self.in_flight.clone();
         in_flight.fetch_add(1, Ordering::SeqCst);
         // Counted down on the blocking thread, so a caller that gives up early does not
         // make a change still running look finished.
-        let result = tokio::task::spawn_blocking(move || {
+        let result = match tokio::task::spawn_blocking(move || {
             let result = f(&snapshots);
             in_flight.fetch_sub(1, Ordering::SeqCst);
             result
         })
         .await
-        .map_err(|e| Status::internal(format!("{op}: {e}")))?;
-        result.map_err(|e| {
-            match e.code() {
-                tonic::Code::NotFound | tonic::Code::AlreadyExists => {
-                    tracing::debug!(op, error = %e)
+        {
+            Ok(result) => result.map_err(|e| {
+                match e.code() {
+                    tonic::Code::NotFound | tonic::Code::AlreadyExists => {
+                        tracing::debug!(op, error = %e)
+                    }
+                    _ => tracing::warn!(op, error = %e),
                 }
-                _ => tracing::warn!(op, error = %e),
-            }
-            Status::from(e)
-        })
+                Status::from(e)
+            }),
+            Err(e) => Err(Status::internal(format!("{op}: {e}"))),
+        };
+        let code = result
+            .as_ref()
+            .map_or_else(Status::code, |_| tonic::Code::Ok);
+        self.metrics.observe(op, code, started.elapsed());
+        result
     }
 }
 
@@ -78,7 +102,7 @@ impl SnapshotsApi for Service {
         let r = request.into_inner();
         tracing::debug!(key = r.key, parent = r.parent, labels = ?r.labels, "prepare");
         let mounts = self
-            .run("prepare", move |s| {
+            .run("Prepare", move |s| {
                 s.prepare(&r.key, &r.parent, sorted(r.labels))
             })
             .await?;
@@ -92,7 +116,7 @@ impl SnapshotsApi for Service {
         let r = request.into_inner();
         tracing::debug!(key = r.key, parent = r.parent, "view");
         let mounts = self
-            .run("view", move |s| s.view(&r.key, &r.parent, sorted(r.labels)))
+            .run("View", move |s| s.view(&r.key, &r.parent, sorted(r.labels)))
             .await?;
         Ok(Response::new(ViewSnapshotResponse { mounts }))
     }
@@ -102,7 +126,7 @@ impl SnapshotsApi for Service {
         request: Request<MountsRequest>,
     ) -> Result<Response<MountsResponse>, Status> {
         let r = request.into_inner();
-        let mounts = self.run("mounts", move |s| s.mounts(&r.key)).await?;
+        let mounts = self.run("Mounts", move |s| s.mounts(&r.key)).await?;
         Ok(Response::new(MountsResponse { mounts }))
     }
 
@@ -114,9 +138,12 @@ impl SnapshotsApi for Service {
         tracing::debug!(name = r.name, key = r.key, "commit");
         if !r.parent.is_empty() {
             // Rebasing on commit needs the `rebase` capability, which is not advertised.
-            return Err(Status::unimplemented("commit with a new parent (rebase)"));
+            return Err(self.refuse(
+                "Commit",
+                Status::unimplemented("commit with a new parent (rebase)"),
+            ));
         }
-        self.run("commit", move |s| {
+        self.run("Commit", move |s| {
             s.commit(&r.name, &r.key, sorted(r.labels))
         })
         .await?;
@@ -129,7 +156,7 @@ impl SnapshotsApi for Service {
     ) -> Result<Response<()>, Status> {
         let r = request.into_inner();
         tracing::debug!(key = r.key, "remove");
-        self.run("remove", move |s| s.remove(&r.key)).await?;
+        self.run("Remove", move |s| s.remove(&r.key)).await?;
         Ok(Response::new(()))
     }
 
@@ -138,7 +165,7 @@ impl SnapshotsApi for Service {
         request: Request<StatSnapshotRequest>,
     ) -> Result<Response<StatSnapshotResponse>, Status> {
         let r = request.into_inner();
-        let info = self.run("stat", move |s| s.stat(&r.key)).await?;
+        let info = self.run("Stat", move |s| s.stat(&r.key)).await?;
         Ok(Response::new(StatSnapshotResponse {
             info: Some(wire_info(info)),
         }))
@@ -149,12 +176,12 @@ impl SnapshotsApi for Service {
         request: Request<UpdateSnapshotRequest>,
     ) -> Result<Response<UpdateSnapshotResponse>, Status> {
         let r = request.into_inner();
-        let info = r
-            .info
-            .ok_or_else(|| Status::invalid_argument("update without an info"))?;
+        let Some(info) = r.info else {
+            return Err(self.refuse("Update", Status::invalid_argument("update without an info")));
+        };
         let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
         let info = self
-            .run("update", move |s| {
+            .run("Update", move |s| {
                 s.update(&info.name, sorted(info.labels), &paths)
             })
             .await?;
@@ -170,7 +197,7 @@ impl SnapshotsApi for Service {
         request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<Self::ListStream>, Status> {
         let r = request.into_inner();
-        let infos = self.run("list", move |s| s.list(&r.filters)).await?;
+        let infos = self.run("List", move |s| s.list(&r.filters)).await?;
         let batches: Vec<ListSnapshotsResponse> = infos
             .chunks(LIST_BATCH)
             .map(|chunk| ListSnapshotsResponse {
@@ -187,7 +214,7 @@ impl SnapshotsApi for Service {
         request: Request<UsageRequest>,
     ) -> Result<Response<UsageResponse>, Status> {
         let r = request.into_inner();
-        let usage = self.run("usage", move |s| s.usage(&r.key)).await?;
+        let usage = self.run("Usage", move |s| s.usage(&r.key)).await?;
         Ok(Response::new(UsageResponse {
             size: clamp(usage.size),
             inodes: clamp(usage.inodes),
@@ -195,7 +222,7 @@ impl SnapshotsApi for Service {
     }
 
     async fn cleanup(&self, _: Request<CleanupRequest>) -> Result<Response<()>, Status> {
-        self.run("cleanup", |s| s.cleanup()).await?;
+        self.run("Cleanup", |s| s.cleanup()).await?;
         Ok(Response::new(()))
     }
 }
