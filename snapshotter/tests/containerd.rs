@@ -290,3 +290,157 @@ async fn usage_of_a_limited_snapshot_is_its_quota_s_usage() {
     assert_eq!(usage.inodes, info["inodes_used"].as_i64().unwrap());
     assert!(usage.size >= 3 << 20 && usage.size <= 4 << 20, "{usage:?}");
 }
+
+/// `ctr image import` of a three-layer image whose layers the remote tree holds under
+/// `naming`: containerd 1.6 never sends the remote-snapshot label, so it unpacks every
+/// layer, and every commit keeps the shared layer's files instead of the local copy,
+/// whatever the layers' directories are called. A container then runs on the shared
+/// layers alone.
+async fn ctr_import_dedupes_every_layer_of_a_remote_named(naming: Naming) {
+    let view = View::new();
+    let (image, _) = images_sharing_a_base("layerfs-import");
+    let ids = image.write_shared_named(&view.remote, naming);
+    view.refresh();
+    let remote_before = tree_hash(&view.remote);
+    let tmp = tempdir();
+    let root = view.mnt.join("snapshots");
+    let snapshotter = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let containerd = Containerd::start(&tmp.path().join("containerd"), &snapshotter.socket);
+
+    containerd.import(&image);
+    let log = snapshotter.log_text();
+    assert_eq!(
+        log.matches("dropping the local copy").count(),
+        3,
+        "{naming:?}: {log}"
+    );
+    let left: Vec<_> = fs::read_dir(root.join("snapshots")).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "{naming:?}: no local copy of a shared layer is kept: {left:?}"
+    );
+    for chain in image.chain_ids() {
+        let info = proxy_snapshot_of_chain(&snapshotter.socket, &chain)
+            .await
+            .unwrap_or_else(|| panic!("{naming:?}: no snapshot of {chain}"));
+        let usage = proxy_usage(&snapshotter.socket, &info.name).await;
+        assert!(
+            usage.size > 0 && usage.inodes > 0,
+            "{naming:?}: a deduplicated layer reports its own size: {usage:?}"
+        );
+    }
+
+    let script = "cat /etc/a-1 /etc/a-2; ls /bin/busybox; echo new > /etc/new; cat /etc/new";
+    let (options, printed) = containerd.run_kept(&[], &image.name, "c", script);
+    assert_eq!(printed, "a-1\na-2\n/bin/busybox\nnew\n", "{naming:?}");
+    let lower = mount_option(options.iter().map(String::as_str), "lowerdir");
+    let mnt = fs::canonicalize(&view.mnt).unwrap();
+    let shared: Vec<String> = ids
+        .iter()
+        .rev()
+        .map(|id| {
+            mnt.join("overlay/RO")
+                .join(id)
+                .join("diff")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(lower, shared.join(":"), "{naming:?}");
+    containerd.remove_container("c");
+    drop(containerd);
+    assert_eq!(
+        tree_hash(&view.remote),
+        remote_before,
+        "the remote tree was modified"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ctr_import_dedupes_every_layer_of_an_isulad_named_remote() {
+    ctr_import_dedupes_every_layer_of_a_remote_named(Naming::Isulad).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ctr_import_dedupes_every_layer_of_a_randomly_named_remote() {
+    ctr_import_dedupes_every_layer_of_a_remote_named(Naming::Random).await;
+}
+
+/// The fast path under containerd: a container without a quota writes to upper and work
+/// dirs on the local disk directly (under `.layerfs-snapshotter/` of the layerfs mount's
+/// local dir), reads its image from the shared layers in the view, and its snapshot's
+/// Usage counts what it wrote; a container with a quota keeps them under the root, in the
+/// view, where the quota is enforced.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_container_without_a_quota_writes_on_the_local_disk_directly() {
+    let view = View::new();
+    let (image, _) = images_sharing_a_base("layerfs-fast");
+    image.write_shared(&view.remote);
+    view.refresh();
+    let tmp = tempdir();
+    let root = view.mnt.join("snapshots");
+    let snapshotter = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let containerd = Containerd::start(&tmp.path().join("containerd"), &snapshotter.socket);
+    containerd.import(&image);
+
+    let script = "dd if=/dev/zero of=/etc/written bs=64k count=16 2>/dev/null; sync; cat /etc/a-2";
+    let (fast, printed) = containerd.run_kept(&[], &image.name, "fast", script);
+    assert_eq!(printed, "a-2\n");
+    let (limited, printed) = containerd.run_kept(
+        &[
+            "--snapshotter-label",
+            "containerd.io/snapshot/layerfs.storage.size=4M",
+        ],
+        &image.name,
+        "limited",
+        script,
+    );
+    assert_eq!(printed, "a-2\n");
+
+    let mnt = fs::canonicalize(&view.mnt).unwrap();
+    let local = fs::canonicalize(&view.local)
+        .unwrap()
+        .join(".layerfs-snapshotter");
+    let option = |options: &[String], key: &str| {
+        std::path::PathBuf::from(mount_option(options.iter().map(String::as_str), key))
+    };
+    for dir in ["upperdir", "workdir"] {
+        let path = option(&fast, dir);
+        assert!(
+            path.starts_with(&local) && !path.starts_with(&mnt),
+            "{dir} not on the local disk under {}: {}",
+            local.display(),
+            path.display()
+        );
+    }
+    for lower in mount_option(fast.iter().map(String::as_str), "lowerdir").split(':') {
+        assert!(
+            std::path::Path::new(lower).starts_with(mnt.join("overlay/RO")),
+            "a shared lower dir outside the view: {lower}"
+        );
+    }
+    let in_root = fs::canonicalize(&root).unwrap();
+    for dir in ["upperdir", "workdir"] {
+        let path = option(&limited, dir);
+        assert!(
+            path.starts_with(&in_root),
+            "{dir} of a container with a quota not under the root {}: {}",
+            in_root.display(),
+            path.display()
+        );
+    }
+
+    let written = option(&fast, "upperdir").join("etc/written");
+    assert_eq!(fs::metadata(&written).unwrap().len(), 1 << 20);
+    let key = proxy_snapshots(&snapshotter.socket)
+        .await
+        .into_iter()
+        .find(|i| i.name.ends_with("/fast"))
+        .expect("the container's snapshot")
+        .name;
+    let usage = proxy_usage(&snapshotter.socket, &key).await;
+    assert!(usage.size >= 1 << 20, "{usage:?}");
+    for id in ["fast", "limited"] {
+        containerd.remove_container(id);
+    }
+}

@@ -23,14 +23,24 @@ fn image() -> Image {
 /// Pushes `image` to `registry` as `<registry>/layerfs/cri:1`, through a containerd of its
 /// own, and returns that reference.
 fn push(image: &Image, registry: &Registry, dir: &Path) -> String {
+    push_all(&[(image, "layerfs/cri:1")], registry, dir).remove(0)
+}
+
+/// Pushes each image to `registry` as `<registry>/<repository:tag>`, through a containerd of
+/// its own, and returns those references.
+fn push_all(images: &[(&Image, &str)], registry: &Registry, dir: &Path) -> Vec<String> {
     let tmp = dir.join("pusher");
     let snapshotter = Snapshotter::start(&dir.join("pusher.sock"), &tmp.join("snapshots"), None);
     let containerd = Containerd::start(&tmp.join("containerd"), &snapshotter.socket);
-    containerd.import(image);
-    let reference = format!("{}/layerfs/cri:1", registry.address);
-    containerd.ctr_ok(&["images", "tag", &image.name, &reference]);
-    containerd.ctr_ok(&["images", "push", "--plain-http", &reference]);
-    reference
+    let mut references = Vec::new();
+    for (image, name) in images {
+        containerd.import(image);
+        let reference = format!("{}/{name}", registry.address);
+        containerd.ctr_ok(&["images", "tag", &image.name, &reference]);
+        containerd.ctr_ok(&["images", "push", "--plain-http", &reference]);
+        references.push(reference);
+    }
+    references
 }
 
 fn cri_config(snapshotter: &str, registry: &Registry) -> String {
@@ -145,4 +155,101 @@ async fn a_cri_pull_adopts_the_shared_layers_instead_of_fetching_them() {
     );
     cri_pull(&plain, &reference).await;
     assert_eq!(fetched_layers(&plain, &image), 2);
+}
+
+/// A CRI pull of each of two images whose three layers the remote tree holds under
+/// `naming`, sharing their base: every layer is adopted, whatever the layers' directories
+/// are called, so none is fetched or applied, and the containers see every layer's files.
+async fn a_cri_pull_adopts_every_layer_of_a_remote_named(naming: Naming) {
+    let (a, b) = images_sharing_a_base("layerfs-cri");
+    let tmp = tempdir();
+    let registry = Registry::start(&tmp.path().join("registry"));
+    let references = push_all(
+        &[(&a, "layerfs/cri:a"), (&b, "layerfs/cri:b")],
+        &registry,
+        tmp.path(),
+    );
+
+    let view = View::new();
+    let ids_a = a.write_shared_named(&view.remote, naming);
+    let ids_b = b.write_shared_named(&view.remote, naming);
+    assert_eq!(ids_a[0], ids_b[0], "the remote holds the shared base once");
+    view.refresh();
+    let remote_before = tree_hash(&view.remote);
+    let root = view.mnt.join("snapshots");
+    let snapshotter = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let containerd = Containerd::start_with(
+        &tmp.path().join("containerd"),
+        &snapshotter.socket,
+        &cri_config("layerfs", &registry),
+    );
+
+    for (image, reference) in [(&a, &references[0]), (&b, &references[1])] {
+        cri_pull(&containerd, reference).await;
+        assert_eq!(
+            fetched_layers(&containerd, image),
+            0,
+            "{naming:?}: layers of {reference} fetched from the registry\n{}",
+            snapshotter.log_text()
+        );
+    }
+    let log = snapshotter.log_text();
+    assert_eq!(
+        log.matches("commit name=").count(),
+        0,
+        "{naming:?}: nothing applied: {log}"
+    );
+    assert!(
+        std::fs::read_dir(root.join("snapshots"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "{naming:?}: no local copy of a shared layer"
+    );
+    for image in [&a, &b] {
+        for chain in image.chain_ids() {
+            let info = proxy_snapshot_of_chain(&snapshotter.socket, &chain)
+                .await
+                .unwrap_or_else(|| panic!("{naming:?}: no snapshot of {chain}"));
+            assert_eq!(
+                info.labels.get(REMOTE_LABEL).map(String::as_str),
+                Some(REMOTE_LABEL_VALUE),
+                "{naming:?}: {info:?}"
+            );
+        }
+    }
+
+    for (tag, reference) in [("a", &references[0]), ("b", &references[1])] {
+        let out = containerd.ctr_ok(&[
+            "-n",
+            "k8s.io",
+            "run",
+            "--rm",
+            "--snapshotter",
+            "layerfs",
+            reference,
+            &format!("c-{tag}"),
+            "/bin/cat",
+            &format!("/etc/{tag}-1"),
+            &format!("/etc/{tag}-2"),
+        ]);
+        assert_eq!(out, format!("{tag}-1\n{tag}-2\n"), "{naming:?}");
+    }
+    drop(containerd);
+    assert_eq!(tree_hash(&view.remote), remote_before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cri_pull_adopts_every_layer_of_an_isulad_named_remote() {
+    a_cri_pull_adopts_every_layer_of_a_remote_named(Naming::Isulad).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cri_pull_adopts_every_layer_of_a_chain_named_remote() {
+    a_cri_pull_adopts_every_layer_of_a_remote_named(Naming::Chain).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cri_pull_adopts_every_layer_of_a_randomly_named_remote() {
+    a_cri_pull_adopts_every_layer_of_a_remote_named(Naming::Random).await;
 }

@@ -446,7 +446,11 @@ async fn shared_layers_are_adopted_through_the_remote_snapshot_protocol() {
         snapshot_dirs(&root).is_empty(),
         "adopted layers take no local space"
     );
-    assert_eq!(usage(&mut c, &top).await.size, 0);
+    let top_usage = usage(&mut c, &top).await;
+    assert!(
+        top_usage.size > 0 && top_usage.inodes > 0,
+        "an adopted layer reports its own size: {top_usage:?}"
+    );
 
     // A container over them sees the shared files, nearest layer first.
     let m = prepare(&mut c, "k8s.io/5/ctr", &top, HashMap::new())
@@ -726,4 +730,414 @@ async fn concurrent_clients_leave_a_consistent_table() {
         "{:?}",
         snapshot_dirs(&root)
     );
+}
+
+/// containerd's remote-snapshot protocol for one layer: Prepare with the chain ID label
+/// answered ALREADY_EXISTS, then List with containerd's filter finds the committed snapshot
+/// over `parent`. Returns its name.
+async fn adopt(c: &mut Client, key: &str, parent: &str, chain: &str) -> String {
+    let e = prepare(c, key, parent, labels(&[(REF, chain)]))
+        .await
+        .map(|m| format!("{m:?}"))
+        .expect_err("the shared layer was not adopted: an active snapshot was made");
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    let filter = format!(r#"labels."{REF}"=={chain},parent=="{parent}""#);
+    let found = list(c, &[&filter]).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].kind, Kind::Committed as i32);
+    found[0].name.clone()
+}
+
+/// An image of three small layers, `/etc/one`, `/etc/two`, `/etc/three`; the first
+/// `depth` of them.
+fn small_image(depth: usize) -> Image {
+    let layers = [
+        Layer::file("etc/one", &[1u8; 100_000]),
+        Layer::file("etc/two", b"two\n"),
+        Layer::file("etc/three", b"three\n"),
+    ];
+    Image {
+        name: "small".into(),
+        layers: layers.into_iter().take(depth).collect(),
+    }
+}
+
+/// Unmounts what a test mounted, also when the test fails.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let ok = std::process::Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+}
+
+fn mount(kind: &str, options: &str, source: &str, target: &Path) -> Unmount {
+    fs::create_dir_all(target).unwrap();
+    let out = std::process::Command::new("mount")
+        .args(["-t", kind, "-o", options, source])
+        .arg(target)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount: {}", output_text(&out));
+    Unmount(target.to_owned())
+}
+
+/// Shared layers are found by what `layer.json` says they hold, not by their directory
+/// names; a layer a writer publishes after the snapshotter started is found once the view
+/// is refreshed, with no restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_layer_published_after_start_is_adopted_after_a_refresh() {
+    let view = View::new();
+    let first = small_image(2).write_shared_named(&view.remote, Naming::Isulad);
+    view.refresh();
+    let image = small_image(3);
+    let chains = image.chain_ids();
+    let tmp = tempdir();
+    let s = Snapshotter::start(
+        &tmp.path().join("s.sock"),
+        &view.mnt.join("snapshots"),
+        None,
+    );
+    let mut c = s.client().await;
+    let base = adopt(&mut c, "k8s.io/1/extract-1 a", "", &chains[0]).await;
+    let mid = adopt(&mut c, "k8s.io/3/extract-2 b", &base, &chains[1]).await;
+
+    // Not on the remote yet: an ordinary active snapshot, which containerd fills itself.
+    let m = prepare(
+        &mut c,
+        "k8s.io/5/extract-3 c",
+        &mid,
+        labels(&[(REF, &chains[2])]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(m[0].r#type, "overlay", "{m:?}");
+    remove(&mut c, "k8s.io/5/extract-3 c").await.unwrap();
+
+    let ids = image.write_shared_named(&view.remote, Naming::Isulad);
+    assert_eq!(
+        ids[..2],
+        first[..],
+        "the first two layers are not written again"
+    );
+    view.refresh();
+    let top = adopt(&mut c, "k8s.io/6/extract-4 d", &mid, &chains[2]).await;
+    let info = stat(&mut c, &top).await.unwrap();
+    assert_eq!(info.parent, mid);
+    assert_eq!(
+        info.labels.get(REMOTE_LABEL).map(String::as_str),
+        Some(REMOTE_LABEL_VALUE),
+        "{info:?}"
+    );
+
+    // A container over it sees the layer's files.
+    let m = prepare(&mut c, "k8s.io/8/ctr", &top, HashMap::new())
+        .await
+        .unwrap();
+    let lower = option(&m, "lowerdir");
+    let nearest = lower.split(':').next().unwrap();
+    assert_eq!(
+        fs::read(Path::new(nearest).join("etc/three")).unwrap(),
+        b"three\n"
+    );
+}
+
+/// A layer a writer takes off the remote tree is no longer offered once the view is
+/// refreshed: a labelled Prepare for it makes an ordinary active snapshot.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_layer_taken_off_the_remote_is_not_adopted_after_a_refresh() {
+    let view = View::new();
+    let image = small_image(3);
+    let ids = image.write_shared_named(&view.remote, Naming::Random);
+    view.refresh();
+    let chains = image.chain_ids();
+    let tmp = tempdir();
+    let s = Snapshotter::start(
+        &tmp.path().join("s.sock"),
+        &view.mnt.join("snapshots"),
+        None,
+    );
+    let mut c = s.client().await;
+    let base = adopt(&mut c, "k8s.io/1/extract-1 a", "", &chains[0]).await;
+    let mid = adopt(&mut c, "k8s.io/3/extract-2 b", &base, &chains[1]).await;
+    let top = adopt(&mut c, "k8s.io/5/extract-3 c", &mid, &chains[2]).await;
+    remove(&mut c, &top).await.unwrap();
+
+    remove_shared(&view.remote, &ids[2]);
+    view.refresh();
+    let m = prepare(
+        &mut c,
+        "k8s.io/7/extract-4 d",
+        &mid,
+        labels(&[(REF, &chains[2])]),
+    )
+    .await
+    .expect("a layer gone from the remote is not offered");
+    assert_eq!(m[0].r#type, "overlay", "{m:?}");
+    let info = stat(&mut c, "k8s.io/7/extract-4 d").await.unwrap();
+    assert_eq!(info.kind, Kind::Active as i32);
+    assert!(
+        !option(&m, "upperdir").contains(&ids[2]),
+        "the active snapshot's files are its own: {m:?}"
+    );
+}
+
+/// Usage of a snapshot backed by a shared layer, adopted or deduplicated, is the layer's
+/// own size and inodes: what the same layer takes when it is unpacked and committed
+/// locally. Usage of an active snapshot without a quota is what was written in it.
+#[tokio::test]
+async fn usage_of_a_shared_layer_is_what_the_layer_takes_unpacked_locally() {
+    let tmp = tempdir();
+    let view = tmp.path().join("view");
+    let image = small_image(2);
+    image.write_shared(&view);
+    let chains = image.chain_ids();
+    let root = tmp.path().join("root");
+    let s = Snapshotter::start(&tmp.path().join("s.sock"), &root, Some(&view));
+    let mut c = s.client().await;
+
+    // The same layers unpacked into snapshots committed under names that are no chain ID,
+    // so they stay local.
+    let m = prepare(&mut c, "local/1/a", "", HashMap::new())
+        .await
+        .unwrap();
+    tar::Archive::new(&image.layers[0].tar[..])
+        .unpack(&m[0].source)
+        .unwrap();
+    commit(&mut c, "local/2/base", "local/1/a").await.unwrap();
+    let m = prepare(&mut c, "local/3/b", "local/2/base", HashMap::new())
+        .await
+        .unwrap();
+    tar::Archive::new(&image.layers[1].tar[..])
+        .unpack(option(&m, "upperdir"))
+        .unwrap();
+    commit(&mut c, "local/4/mid", "local/3/b").await.unwrap();
+    let local_base = usage(&mut c, "local/2/base").await;
+    let local_mid = usage(&mut c, "local/4/mid").await;
+    assert!(
+        local_base.size >= 100_000 && local_base.inodes >= 3,
+        "{local_base:?}"
+    );
+    assert!(local_mid.size > 0 && local_mid.inodes >= 2, "{local_mid:?}");
+
+    let base = adopt(&mut c, "k8s.io/1/extract-1 a", "", &chains[0]).await;
+    let mid = adopt(&mut c, "k8s.io/3/extract-2 b", &base, &chains[1]).await;
+    assert_eq!(
+        usage(&mut c, &base).await,
+        local_base,
+        "the adopted base layer"
+    );
+    assert_eq!(
+        usage(&mut c, &mid).await,
+        local_mid,
+        "the adopted second layer"
+    );
+
+    let m = prepare(&mut c, "default/1/extract-1 a", "", HashMap::new())
+        .await
+        .unwrap();
+    tar::Archive::new(&image.layers[0].tar[..])
+        .unpack(&m[0].source)
+        .unwrap();
+    let deduped = format!("default/2/{}", chains[0]);
+    commit(&mut c, &deduped, "default/1/extract-1 a")
+        .await
+        .unwrap();
+    assert!(s.log_text().contains("dropping the local copy"));
+    assert_eq!(
+        usage(&mut c, &deduped).await,
+        local_base,
+        "the deduplicated base layer"
+    );
+
+    let m = prepare(&mut c, "k8s.io/5/ctr", &mid, HashMap::new())
+        .await
+        .unwrap();
+    fs::write(
+        Path::new(&option(&m, "upperdir")).join("written"),
+        vec![7u8; 1 << 20],
+    )
+    .unwrap();
+    let active = usage(&mut c, "k8s.io/5/ctr").await;
+    assert!(active.size >= 1 << 20, "{active:?}");
+}
+
+/// A quota too small for the directories a snapshot needs before anything is written in
+/// it is refused as INVALID_ARGUMENT naming the smallest size that works, and that size
+/// works; a missing parent is NOT_FOUND.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quota_too_small_for_a_snapshot_s_own_dirs_is_refused_with_the_minimum() {
+    let view = View::new();
+    let tmp = tempdir();
+    let root = view.mnt.join("snapshots");
+    let s = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let mut c = s.client().await;
+    let size = |n: &str| labels(&[("containerd.io/snapshot/layerfs.storage.size", n)]);
+    assert_eq!(
+        code(prepare(&mut c, "default/1/k", "default/0/missing", size("1M")).await),
+        Code::NotFound
+    );
+
+    prepare(&mut c, "default/1/extract", "", HashMap::new())
+        .await
+        .unwrap();
+    commit(&mut c, "default/2/base", "default/1/extract")
+        .await
+        .unwrap();
+    for (key, parent) in [
+        ("default/3/alone", ""),
+        ("default/4/over", "default/2/base"),
+    ] {
+        let e = prepare(&mut c, key, parent, size("1")).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{key}: {e:?}");
+        let minimum = minimum_bytes(e.message())
+            .unwrap_or_else(|| panic!("{key}: no \"at least <N> bytes\" in {:?}", e.message()));
+        assert!(minimum > 1, "{key}: {}", e.message());
+        assert_eq!(
+            code(stat(&mut c, key).await),
+            Code::NotFound,
+            "{key}: nothing was made"
+        );
+        let e = prepare(&mut c, key, parent, size(&(minimum - 1).to_string()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{key}: {e:?}");
+        prepare(&mut c, key, parent, size(&minimum.to_string()))
+            .await
+            .unwrap_or_else(|e| panic!("{key}: a quota of the minimum, {minimum}: {e:?}"));
+    }
+}
+
+/// N in a message that says "at least <N> bytes".
+fn minimum_bytes(message: &str) -> Option<u64> {
+    let mut words = message.split("at least ").nth(1)?.split_whitespace();
+    let n = words.next()?.parse().ok()?;
+    words.next()?.starts_with("bytes").then_some(n)
+}
+
+/// A root whose filesystem is full fails a Prepare with RESOURCE_EXHAUSTED, the code of
+/// "out of space", not INTERNAL.
+#[tokio::test]
+async fn a_prepare_on_a_full_root_is_resource_exhausted() {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    let _mounted = mount("tmpfs", "size=1m,nr_inodes=64", "none", &root);
+    let s = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let mut c = s.client().await;
+    prepare(&mut c, "default/1/a", "", HashMap::new())
+        .await
+        .unwrap();
+
+    let mut fill = fs::File::create(root.join("fill")).unwrap();
+    let chunk = vec![0u8; 64 << 10];
+    while std::io::Write::write_all(&mut fill, &chunk).is_ok() {}
+    drop(fill);
+    let mut n = 0;
+    while fs::File::create(root.join(format!("inode-{n}"))).is_ok() {
+        n += 1;
+    }
+
+    let e = prepare(&mut c, "default/2/b", "", HashMap::new())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert_eq!(code(stat(&mut c, "default/2/b").await), Code::NotFound);
+}
+
+/// The fast path: an active snapshot without a quota has its upper and work dirs on the
+/// local disk directly, beside the view's local dir, and only its shared lowers in the
+/// view; one with a quota keeps them under the snapshotter's root, in the view, where the
+/// quota is enforced. A fast-path snapshot mounts, takes writes, and a child of it, once
+/// committed, sees them.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_active_snapshot_without_a_quota_writes_on_the_local_disk_directly() {
+    let view = View::new();
+    let image = small_image(3);
+    image.write_shared(&view.remote);
+    view.refresh();
+    let chains = image.chain_ids();
+    let tmp = tempdir();
+    let root = view.mnt.join("snapshots");
+    let s = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let mut c = s.client().await;
+    let base = adopt(&mut c, "k8s.io/1/extract-1 a", "", &chains[0]).await;
+    let mid = adopt(&mut c, "k8s.io/3/extract-2 b", &base, &chains[1]).await;
+    let top = adopt(&mut c, "k8s.io/5/extract-3 c", &mid, &chains[2]).await;
+
+    let mnt = fs::canonicalize(&view.mnt).unwrap();
+    let local = fs::canonicalize(&view.local)
+        .unwrap()
+        .join(".layerfs-snapshotter");
+    let m = prepare(&mut c, "k8s.io/7/ctr", &top, HashMap::new())
+        .await
+        .unwrap();
+    assert_eq!(m[0].r#type, "overlay", "{m:?}");
+    for dir in ["upperdir", "workdir"] {
+        let path = option(&m, dir);
+        assert!(
+            Path::new(&path).starts_with(&local) && !Path::new(&path).starts_with(&mnt),
+            "{dir} not on the local disk under {}: {path}",
+            local.display()
+        );
+    }
+    for lower in option(&m, "lowerdir").split(':') {
+        assert!(
+            Path::new(lower).starts_with(mnt.join("overlay/RO")),
+            "a shared lower dir outside the view: {lower}"
+        );
+    }
+
+    let limited = prepare(
+        &mut c,
+        "k8s.io/8/limited",
+        &top,
+        labels(&[("containerd.io/snapshot/layerfs.storage.size", "4M")]),
+    )
+    .await
+    .unwrap();
+    let in_root = fs::canonicalize(&root).unwrap();
+    for dir in ["upperdir", "workdir"] {
+        let path = option(&limited, dir);
+        assert!(
+            Path::new(&path).starts_with(&in_root),
+            "{dir} of a snapshot with a quota not under the root {}: {path}",
+            in_root.display()
+        );
+    }
+
+    let target = tmp.path().join("rootfs");
+    {
+        let options: Vec<&str> = m[0].options.iter().map(String::as_str).collect();
+        let _mounted = mount("overlay", &options.join(","), "overlay", &target);
+        assert_eq!(fs::read(target.join("etc/three")).unwrap(), b"three\n");
+        fs::write(target.join("etc/written"), vec![7u8; 1 << 20]).unwrap();
+    }
+    let active = usage(&mut c, "k8s.io/7/ctr").await;
+    assert!(active.size >= 1 << 20, "{active:?}");
+    commit(&mut c, "k8s.io/9/committed", "k8s.io/7/ctr")
+        .await
+        .unwrap();
+    let child = prepare(
+        &mut c,
+        "k8s.io/10/child",
+        "k8s.io/9/committed",
+        HashMap::new(),
+    )
+    .await
+    .unwrap();
+    {
+        let options: Vec<&str> = child[0].options.iter().map(String::as_str).collect();
+        let _mounted = mount("overlay", &options.join(","), "overlay", &target);
+        assert_eq!(fs::read(target.join("etc/written")).unwrap().len(), 1 << 20);
+        assert_eq!(fs::read(target.join("etc/one")).unwrap().len(), 100_000);
+    }
 }

@@ -270,6 +270,58 @@ pub async fn unix_channel(socket: &Path) -> Channel {
         .unwrap()
 }
 
+/// Every snapshot the snapshotter at `socket` holds, as its own List gives them.
+pub async fn proxy_snapshots(socket: &Path) -> Vec<layerfs_snapshotter::api::snapshots::Info> {
+    let mut client = connect(socket).await;
+    let mut stream = client
+        .list(layerfs_snapshotter::api::snapshots::ListSnapshotsRequest {
+            snapshotter: "layerfs".into(),
+            filters: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(batch) = stream.message().await.unwrap() {
+        out.extend(batch.info);
+    }
+    out
+}
+
+/// The snapshot of the snapshotter at `socket` committed under the chain ID `chain`,
+/// whatever containerd's namespace and sequence number before it.
+pub async fn proxy_snapshot_of_chain(
+    socket: &Path,
+    chain: &str,
+) -> Option<layerfs_snapshotter::api::snapshots::Info> {
+    let suffix = format!("/{chain}");
+    proxy_snapshots(socket)
+        .await
+        .into_iter()
+        .find(|i| i.name.ends_with(&suffix))
+}
+
+/// Usage of the snapshot `key`, as the snapshotter at `socket` reports it.
+pub async fn proxy_usage(
+    socket: &Path,
+    key: &str,
+) -> layerfs_snapshotter::api::snapshots::UsageResponse {
+    connect(socket)
+        .await
+        .usage(layerfs_snapshotter::api::snapshots::UsageRequest {
+            snapshotter: "layerfs".into(),
+            key: key.into(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Usage of {key}: {e:?}"))
+        .into_inner()
+}
+
+/// The label a snapshotter puts on a snapshot backed by a remote layer, and its value, as
+/// stargz sets them.
+pub const REMOTE_LABEL: &str = "containerd.io/snapshot/remote";
+pub const REMOTE_LABEL_VALUE: &str = "remote snapshot";
+
 // ---- Images ----
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -451,14 +503,47 @@ impl Image {
         archive.into_inner().unwrap()
     }
 
-    /// Puts its layers on a remote tree as an iSulad writer host does: each one named by
-    /// its chain ID, its files unpacked in `overlay/RO/<id>/diff`, `layer.json` with its
-    /// parent and `diff-digest`. Returns the layer ids, base first.
+    /// Puts its layers on a remote tree, each named by its chain ID (see
+    /// [`Image::write_shared_named`]). Returns the layer ids, base first.
     pub fn write_shared(&self, remote: &Path) -> Vec<String> {
+        self.write_shared_named(remote, Naming::Chain)
+    }
+
+    /// Puts its layers on a remote tree as a writer host does: each one named as `naming`
+    /// says, its files unpacked in `overlay/RO/<id>/diff`, its short id in `link` and its
+    /// parent chain's in `lower`, `layer.json` with its `id`, its parent's id and
+    /// `diff-digest`. A layer the remote already holds over the same parent
+    /// (a base two images share) is kept, not written again, as writers deduplicate.
+    /// Returns the layer ids, base first.
+    pub fn write_shared_named(&self, remote: &Path, naming: Naming) -> Vec<String> {
         let mut ids = Vec::new();
-        let mut below: Option<(String, String)> = None;
+        // The id of the layer below and the short ids of its chain, its own first.
+        let mut below: Option<(String, Vec<String>)> = None;
         for (layer, chain) in self.layers.iter().zip(self.chain_ids()) {
-            let id = chain.trim_start_matches("sha256:").to_owned();
+            let diff_hex = layer.diff_id();
+            let parent_id = below.as_ref().map(|(id, _)| id.as_str());
+            if let Some(id) = shared_layer_over(remote, parent_id, &diff_hex) {
+                let overlay = remote.join("overlay/RO").join(&id);
+                let mut shorts = vec![fs::read_to_string(overlay.join("link")).unwrap()];
+                if let Ok(lower) = fs::read_to_string(overlay.join("lower")) {
+                    shorts.extend(
+                        lower
+                            .split(':')
+                            .map(|l| l.trim_start_matches("l/").to_owned()),
+                    );
+                }
+                below = Some((id.clone(), shorts));
+                ids.push(id);
+                continue;
+            }
+            let id = match (naming, parent_id) {
+                (Naming::Chain, _) => chain.trim_start_matches("sha256:").to_owned(),
+                (Naming::Isulad, None) => diff_hex.clone(),
+                (Naming::Isulad, Some(parent)) => {
+                    sha256_hex(format!("{parent}+{diff_hex}").as_bytes())
+                }
+                (Naming::Random, _) => random_hex(),
+            };
             let short = id[..26].to_owned();
             let overlay = remote.join("overlay/RO").join(&id);
             fs::create_dir_all(overlay.join("diff")).unwrap();
@@ -472,16 +557,18 @@ impl Image {
                     fs::create_dir(overlay.join("empty")).unwrap();
                     String::new()
                 }
-                Some((parent, parent_short)) => {
-                    fs::write(overlay.join("lower"), format!("l/{parent_short}")).unwrap();
+                // The parent's short id, then the parent's own `lower`: the whole chain,
+                // nearest first, as iSulad writes it and as a view takes a layer as ready.
+                Some((parent, shorts)) => {
+                    let lower: Vec<String> = shorts.iter().map(|s| format!("l/{s}")).collect();
+                    fs::write(overlay.join("lower"), lower.join(":")).unwrap();
                     format!(r#","parent":"{parent}""#)
                 }
             };
             let meta = remote.join("overlay-layers/RO").join(&id);
             fs::create_dir_all(&meta).unwrap();
             let json = format!(
-                r#"{{"id":"{id}","diff-digest":"sha256:{}","diff-size":{}{parent}}}"#,
-                layer.diff_id(),
+                r#"{{"id":"{id}","diff-digest":"sha256:{diff_hex}","diff-size":{}{parent}}}"#,
                 layer.tar.len()
             );
             fs::write(meta.join("layer.json"), json).unwrap();
@@ -492,11 +579,81 @@ impl Image {
                 gz.finish().unwrap(),
             )
             .unwrap();
-            below = Some((id.clone(), short));
+            let mut shorts = vec![short];
+            shorts.extend(below.map(|(_, chain)| chain).unwrap_or_default());
+            below = Some((id.clone(), shorts));
             ids.push(id);
         }
         ids
     }
+}
+
+/// How a writer host names the layers it puts on the remote tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming {
+    /// iSulad (`calc_chain_id` of a registry pull, `isula load`) and containers/image: the
+    /// base layer by its diff ID's hex, every other one by the hex sha256 of the text
+    /// `<parent layer id>+<diff ID hex>`.
+    Isulad,
+    /// By the hex of its OCI chain ID.
+    Chain,
+    /// 64 random lowercase hex digits, as writers that do not derive ids from content do.
+    Random,
+}
+
+/// The id of the layer of `remote` whose diff is `diff_hex` over the layer `parent`.
+fn shared_layer_over(remote: &Path, parent: Option<&str>, diff_hex: &str) -> Option<String> {
+    let layers = fs::read_dir(remote.join("overlay-layers/RO")).ok()?;
+    layers.filter_map(Result::ok).find_map(|entry| {
+        let json = fs::read(entry.path().join("layer.json")).ok()?;
+        let json: serde_json::Value = serde_json::from_slice(&json).ok()?;
+        let same = json["diff-digest"].as_str() == Some(&format!("sha256:{diff_hex}"))
+            && json["parent"].as_str().filter(|p| !p.is_empty()) == parent;
+        same.then(|| json["id"].as_str().unwrap().to_owned())
+    })
+}
+
+/// 64 lowercase hex digits no other call returns.
+pub fn random_hex() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seed = format!(
+        "{:?} {} {}",
+        std::time::SystemTime::now(),
+        std::process::id(),
+        COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    sha256_hex(seed.as_bytes())
+}
+
+/// Takes the layer `id` off the remote tree, as a writer host's garbage collection does.
+pub fn remove_shared(remote: &Path, id: &str) {
+    fs::remove_dir_all(remote.join("overlay-layers/RO").join(id)).unwrap();
+    fs::remove_dir_all(remote.join("overlay/RO").join(id)).unwrap();
+}
+
+/// Two images of three layers that share their base layer (busybox), each upper layer a
+/// file of its own: `/etc/<tag>-1` and `/etc/<tag>-2` holding `<tag>-1\n`, `<tag>-2\n`.
+pub fn images_sharing_a_base(name: &str) -> (Image, Image) {
+    let image = |tag: &str| Image {
+        name: format!("docker.io/library/{name}:{tag}"),
+        layers: vec![
+            Layer::busybox(),
+            Layer::file(&format!("etc/{tag}-1"), format!("{tag}-1\n").as_bytes()),
+            Layer::file(&format!("etc/{tag}-2"), format!("{tag}-2\n").as_bytes()),
+        ],
+    };
+    (image("a"), image("b"))
+}
+
+/// The value of the option `key` (`lowerdir`, `upperdir`) in mount options.
+pub fn mount_option<'a>(options: impl IntoIterator<Item = &'a str>, key: &str) -> String {
+    let prefix = format!("{key}=");
+    let options: Vec<&str> = options.into_iter().collect();
+    options
+        .iter()
+        .find_map(|o| o.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {key} in {options:?}"))
+        .to_owned()
 }
 
 /// A stable digest of a tree: names, kinds, modes and contents, in order.
@@ -643,6 +800,70 @@ state = "{state}"
 
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+
+    /// Runs `script` in a new container `id` of `image` (`ctr run -d`, more flags in
+    /// `flags`) and leaves it running, so that its mounts can be looked at. Returns its
+    /// mount options and what the script printed, read from its upper dir.
+    pub fn run_kept(
+        &self,
+        flags: &[&str],
+        image: &str,
+        id: &str,
+        script: &str,
+    ) -> (Vec<String>, String) {
+        let wrapped = format!(
+            "( {script} ) > /script.out 2>&1; echo script-ended >> /script.out; exec sleep 600"
+        );
+        let mut args = vec!["run", "-d", "--snapshotter", "layerfs"];
+        args.extend(flags);
+        args.extend([image, id, "/bin/sh", "-c", &wrapped]);
+        self.ctr_ok(&args);
+        let options = self.snapshot_mount_options("default", id);
+        let out = PathBuf::from(mount_option(options.iter().map(String::as_str), "upperdir"))
+            .join("script.out");
+        let mut printed = String::new();
+        eventually(60, &format!("the script of container {id}"), || {
+            printed = fs::read_to_string(&out).unwrap_or_default();
+            printed.ends_with("script-ended\n")
+        });
+        let printed = printed.trim_end_matches("script-ended\n").to_owned();
+        (options, printed)
+    }
+
+    /// Stops and removes the container `id`, and its snapshot.
+    pub fn remove_container(&self, id: &str) {
+        let _ = self.ctr(&["tasks", "kill", "-s", "SIGKILL", id]);
+        eventually(30, &format!("container {id} to stop"), || {
+            self.ctr(&["tasks", "delete", id]).status.success()
+                || !self.ctr_ok(&["tasks", "ls", "-q"]).lines().any(|l| l == id)
+        });
+        self.ctr_ok(&["containers", "rm", id]);
+    }
+
+    /// The mount options of the snapshot `key` of namespace `ns`, as containerd hands them
+    /// to the runtime (`ctr snapshots mounts`).
+    pub fn snapshot_mount_options(&self, ns: &str, key: &str) -> Vec<String> {
+        let out = self.ctr_ok(&[
+            "-n",
+            ns,
+            "snapshots",
+            "--snapshotter",
+            "layerfs",
+            "mounts",
+            "/target",
+            key,
+        ]);
+        // One line per mount: `mount -t <type> <source> <target> -o <options>`.
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("mount "))
+            .unwrap_or_else(|| panic!("no mount in {out}"));
+        let options = line
+            .split(" -o ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no options in {line}"));
+        options.split(',').map(str::to_owned).collect()
     }
 }
 
