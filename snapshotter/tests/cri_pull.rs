@@ -216,6 +216,21 @@ async fn a_cri_pull_adopts_every_layer_of_a_remote_named(naming: Naming) {
                 Some(REMOTE_LABEL_VALUE),
                 "{naming:?}: {info:?}"
             );
+            // What an operator sees: containerd overlays its own labels on the proxy's.
+            let shown = containerd.ctr_ok(&[
+                "-n",
+                "k8s.io",
+                "snapshots",
+                "--snapshotter",
+                "layerfs",
+                "info",
+                &chain,
+            ]);
+            let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+            assert_eq!(
+                shown["Labels"][REMOTE_LABEL], REMOTE_LABEL_VALUE,
+                "{naming:?}: {shown}"
+            );
         }
     }
 
