@@ -20,6 +20,9 @@ pub enum Error {
     InvalidArgument(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// Something the snapshotter depends on (the layerfs mount) does not answer.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("the snapshot table is damaged: {0}")]
     Corrupt(String),
     #[error("{what}: {cause}")]
@@ -58,6 +61,7 @@ impl Error {
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::Unavailable(_) => Code::Unavailable,
             Error::Corrupt(_) => Code::Internal,
             Error::Io { .. } => Code::Internal,
             Error::Quota(e) => match e {

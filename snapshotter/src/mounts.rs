@@ -17,23 +17,31 @@ use crate::meta::{Backing, Kind, Meta, Place, Record};
 pub struct Dirs {
     root: PathBuf,
     disk: Option<PathBuf>,
+    fast_path: bool,
 }
 
 impl Dirs {
-    /// Directories under `root`, and under `disk` for [`Place::Disk`] when there is one.
-    pub fn new(root: &Path, disk: Option<&Path>) -> Dirs {
+    /// Directories under `root`, and under `disk` for [`Place::Disk`] when there is one;
+    /// new snapshots without a quota go there when `fast_path` is on.
+    pub fn new(root: &Path, disk: Option<&Path>, fast_path: bool) -> Dirs {
         Dirs {
             root: root.to_owned(),
             disk: disk.map(Path::to_owned),
+            fast_path,
         }
     }
 
-    /// Where a snapshot without a quota goes: on the local disk when there is one.
+    /// Where a new snapshot without a quota goes.
     pub fn unlimited(&self) -> Place {
         match self.disk {
-            Some(_) => Place::Disk,
-            None => Place::Root,
+            Some(_) if self.fast_path => Place::Disk,
+            _ => Place::Root,
         }
+    }
+
+    /// Whether snapshots in `place` can be found.
+    pub fn has(&self, place: Place) -> bool {
+        self.base(place).is_some()
     }
 
     /// Every place's `snapshots` directory, which holds one directory per local snapshot.

@@ -135,9 +135,20 @@ impl Snapshots {
                 )));
             }
         }
-        let dirs = Dirs::new(&root, disk.as_deref());
+        let dirs = Dirs::new(&root, disk.as_deref(), config.fast_path);
         let file = MetaFile::new(&root);
         let meta = file.load()?;
+        if let Some((name, _)) = meta
+            .snapshots
+            .iter()
+            .find(|(_, r)| r.backing == Backing::Local && !dirs.has(r.place))
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {name} is on the local disk, but {} is not in a layerfs mount and \
+                 no local_root is set: start with the settings it was made with",
+                root.display()
+            )));
+        }
         let snapshots = Snapshots {
             shared: view.map(|v| SharedLayers::new(&v, &config.driver)),
             root,
@@ -699,26 +710,23 @@ impl Snapshots {
 /// Where snapshots without a quota go, made if missing: `config.local_root`; else, for a
 /// root inside a layerfs mount, `.layerfs-snapshotter/<the root's path in the mount>` in
 /// that mount's local directory, on the local disk and never shown by the view. `None`
-/// when the fast path is off, or the root is not in a layerfs mount (and so is on a disk
-/// already).
+/// when the root is not in a layerfs mount (and so is on a disk already). Found also when
+/// the fast path is off, for the snapshots made while it was on.
 fn disk_root(config: &Config, root: &Path) -> Result<Option<PathBuf>, Error> {
-    if !config.fast_path {
-        return Ok(None);
-    }
     let dir = match &config.local_root {
         Some(dir) => dir.clone(),
         None => {
             let Some(mount) = quota_backend::layerfs_mount_of(root) else {
                 return Ok(None);
             };
-            let status: Status = client::query(&mount, Op::Status)
-                .map_err(|e| {
-                    Error::Quota(layerfs::quota::storage::StorageError::Backend(Box::new(e)))
-                })
-                .and_then(|v| {
-                    serde_json::from_value(v)
-                        .map_err(|e| Error::Corrupt(format!("a status answer: {e}")))
-                })?;
+            let asked = format!(
+                "asking the layerfs mount {} for its local directory",
+                mount.display()
+            );
+            let answer = client::query(&mount, Op::Status)
+                .map_err(|e| Error::Unavailable(format!("{asked}: {e}")))?;
+            let status: Status = serde_json::from_value(answer)
+                .map_err(|e| Error::Unavailable(format!("{asked}: {e}")))?;
             let inside = root.strip_prefix(&mount).unwrap_or(Path::new(""));
             Path::new(&status.local)
                 .join(std::ffi::OsStr::from_bytes(SNAPSHOTTER_NAME))
@@ -730,7 +738,14 @@ fn disk_root(config: &Config, root: &Path) -> Result<Option<PathBuf>, Error> {
         .map_err(|e| Error::io(format!("creating {}", snapshots.display()), e))?;
     let dir =
         fs::canonicalize(&dir).map_err(|e| Error::io(format!("resolving {}", dir.display()), e))?;
-    tracing::info!(dir = %dir.display(), "snapshots without a quota are kept on the local disk");
+    match config.fast_path {
+        true => {
+            tracing::info!(dir = %dir.display(), "snapshots without a quota are kept on the local disk")
+        }
+        false => {
+            tracing::info!(dir = %dir.display(), "fast path off: new snapshots are kept in the view")
+        }
+    }
     Ok(Some(dir))
 }
 
@@ -843,5 +858,46 @@ mod tests {
         drop(mount);
         snapshots.cleanup().unwrap();
         assert!(!root.join("snapshots/1").exists());
+    }
+
+    fn upperdir(mounts: &[Mount]) -> String {
+        mounts[0]
+            .options
+            .iter()
+            .find_map(|o| o.strip_prefix("upperdir="))
+            .unwrap_or_else(|| panic!("no upperdir in {mounts:?}"))
+            .to_owned()
+    }
+
+    /// The fast path decides where new snapshots go; snapshots already made stay where
+    /// they are, and a table naming a place that is gone stops the start, rather than
+    /// hand out mounts of empty directories.
+    #[test]
+    fn snapshots_stay_where_they_were_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let disk = tmp.path().join("disk");
+        let mut config = Config::new(&tmp.path().join("root"));
+        config.local_root = Some(disk.clone());
+        let snapshots = Snapshots::open(&config).unwrap();
+        snapshots.prepare("base", "", BTreeMap::new()).unwrap();
+        snapshots.commit("committed", "base", BTreeMap::new()).unwrap();
+        let m = snapshots
+            .prepare("fast", "committed", BTreeMap::new())
+            .unwrap();
+        assert!(upperdir(&m).starts_with(disk.to_str().unwrap()), "{m:?}");
+        drop(snapshots);
+
+        config.fast_path = false;
+        let snapshots = Snapshots::open(&config).unwrap();
+        assert_eq!(snapshots.mounts("fast").unwrap(), m);
+        let slow = snapshots
+            .prepare("slow", "committed", BTreeMap::new())
+            .unwrap();
+        assert!(upperdir(&slow).starts_with(snapshots.root().to_str().unwrap()));
+        drop(snapshots);
+
+        config.local_root = None;
+        let e = Snapshots::open(&config).err().expect("a place that is gone");
+        assert!(matches!(e, Error::FailedPrecondition(_)), "{e}");
     }
 }
