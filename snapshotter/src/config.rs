@@ -56,8 +56,8 @@ pub struct Args {
         default_missing_value = "true"
     )]
     pub fast_path: Option<bool>,
-    /// Where the fast path keeps those dirs [default: `.layerfs-snapshotter/` in the
-    /// layerfs mount's local directory]
+    /// Where the fast path keeps those dirs [default: `.layerfs-snapshotter/<root's path in
+    /// the mount>` in the layerfs mount's local directory]
     #[arg(long, value_name = "DIR")]
     pub local_root: Option<PathBuf>,
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics [default: off]
