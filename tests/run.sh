@@ -30,6 +30,8 @@ command -v runc >/dev/null || missing+=(runc)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 # A registry on 127.0.0.1 for the CRI pull through the layerfs snapshotter.
 command -v docker-registry >/dev/null || missing+=(docker-registry)
+# systemd-analyze checks the shipped units (tests/systemd_units.sh).
+command -v systemd-analyze >/dev/null || missing+=(systemd)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
     apt-get update -qq
@@ -44,3 +46,4 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --all-targets
+bash tests/systemd_units.sh

@@ -880,7 +880,9 @@ mod tests {
         config.local_root = Some(disk.clone());
         let snapshots = Snapshots::open(&config).unwrap();
         snapshots.prepare("base", "", BTreeMap::new()).unwrap();
-        snapshots.commit("committed", "base", BTreeMap::new()).unwrap();
+        snapshots
+            .commit("committed", "base", BTreeMap::new())
+            .unwrap();
         let m = snapshots
             .prepare("fast", "committed", BTreeMap::new())
             .unwrap();
@@ -897,7 +899,9 @@ mod tests {
         drop(snapshots);
 
         config.local_root = None;
-        let e = Snapshots::open(&config).err().expect("a place that is gone");
+        let e = Snapshots::open(&config)
+            .err()
+            .expect("a place that is gone");
         assert!(matches!(e, Error::FailedPrecondition(_)), "{e}");
     }
 }
