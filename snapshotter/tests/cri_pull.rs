@@ -235,6 +235,9 @@ async fn a_cri_pull_adopts_every_layer_of_a_remote_named(naming: Naming) {
     }
 
     for (tag, reference) in [("a", &references[0]), ("b", &references[1])] {
+        // runc keeps its state by container id in one directory for every containerd on
+        // the host, so tests that run at once need ids of their own.
+        let id = format!("c-{tag}-{naming:?}").to_lowercase();
         let out = containerd.ctr_ok(&[
             "-n",
             "k8s.io",
@@ -243,7 +246,7 @@ async fn a_cri_pull_adopts_every_layer_of_a_remote_named(naming: Naming) {
             "--snapshotter",
             "layerfs",
             reference,
-            &format!("c-{tag}"),
+            &id,
             "/bin/cat",
             &format!("/etc/{tag}-1"),
             &format!("/etc/{tag}-2"),
