@@ -331,7 +331,10 @@ async fn ctr_import_dedupes_every_layer_of_a_remote_named(naming: Naming) {
     }
 
     let script = "cat /etc/a-1 /etc/a-2; ls /bin/busybox; echo new > /etc/new; cat /etc/new";
-    let (options, printed) = containerd.run_kept(&[], &image.name, "c", script);
+    // runc keeps its state by container id in one directory for every containerd on the
+    // host, so tests that run at once need ids of their own.
+    let id = format!("c-{naming:?}").to_lowercase();
+    let (options, printed) = containerd.run_kept(&[], &image.name, &id, script);
     assert_eq!(printed, "a-1\na-2\n/bin/busybox\nnew\n", "{naming:?}");
     let lower = mount_option(options.iter().map(String::as_str), "lowerdir");
     let mnt = fs::canonicalize(&view.mnt).unwrap();
@@ -347,7 +350,7 @@ async fn ctr_import_dedupes_every_layer_of_a_remote_named(naming: Naming) {
         })
         .collect();
     assert_eq!(lower, shared.join(":"), "{naming:?}");
-    containerd.remove_container("c");
+    containerd.remove_container(&id);
     drop(containerd);
     assert_eq!(
         tree_hash(&view.remote),
