@@ -64,19 +64,7 @@ async fn remove(c: &mut Client, key: &str) -> Result<(), tonic::Status> {
 }
 
 async fn list(c: &mut Client, filters: &[&str]) -> Vec<Info> {
-    let mut stream = c
-        .list(ListSnapshotsRequest {
-            snapshotter: "layerfs".into(),
-            filters: filters.iter().map(|f| f.to_string()).collect(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(batch) = stream.message().await.unwrap() {
-        out.extend(batch.info);
-    }
-    out
+    list_snapshots(c, filters).await
 }
 
 async fn mounts(c: &mut Client, key: &str) -> Result<Vec<Mount>, tonic::Status> {

@@ -272,11 +272,20 @@ pub async fn unix_channel(socket: &Path) -> Channel {
 
 /// Every snapshot the snapshotter at `socket` holds, as its own List gives them.
 pub async fn proxy_snapshots(socket: &Path) -> Vec<layerfs_snapshotter::api::snapshots::Info> {
-    let mut client = connect(socket).await;
+    list_snapshots(&mut connect(socket).await, &[]).await
+}
+
+/// The snapshots a List with `filters` gives.
+pub async fn list_snapshots(
+    client: &mut layerfs_snapshotter::api::snapshots::snapshots_client::SnapshotsClient<
+        tonic::transport::Channel,
+    >,
+    filters: &[&str],
+) -> Vec<layerfs_snapshotter::api::snapshots::Info> {
     let mut stream = client
         .list(layerfs_snapshotter::api::snapshots::ListSnapshotsRequest {
             snapshotter: "layerfs".into(),
-            filters: Vec::new(),
+            filters: filters.iter().map(|f| f.to_string()).collect(),
         })
         .await
         .unwrap()
