@@ -1,11 +1,13 @@
 //! `layerfs-snapshotter`: a containerd proxy snapshotter on a layerfs mount (DESIGN §12).
 //!
 //! containerd talks to it over a unix socket with its `Snapshots` API ([`service`]); the
-//! snapshots themselves ([`snapshots`]) are directories under `--root`, mounted by
-//! containerd as kernel overlays ([`mounts`]), recorded in one table ([`meta`]). Two things
-//! make it more than containerd's overlay snapshotter:
+//! snapshots themselves ([`snapshots`]) are directories ([`dirs`]: in the view for a
+//! snapshot with a quota, on the local disk directly otherwise), mounted by containerd as
+//! kernel overlays ([`mounts`]), recorded in one table ([`meta`]). Two things make it more
+//! than containerd's overlay snapshotter:
 //!
-//! - **Shared layers** ([`shared`]): a layer the shared tree already holds is adopted
+//! - **Shared layers** ([`shared`]): a layer the shared tree already holds, found by its
+//!   content whatever its directory is called, is adopted
 //!   through containerd's remote-snapshot protocol instead of being fetched and unpacked,
 //!   and a layer unpacked anyway is replaced by the shared copy when it is committed.
 //! - **Quotas** ([`quota`]): an active snapshot becomes a layerfs quota root when its
@@ -18,6 +20,7 @@
 
 pub mod api;
 pub mod config;
+pub mod dirs;
 pub mod error;
 pub mod filter;
 pub mod meta;

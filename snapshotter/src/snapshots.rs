@@ -24,22 +24,18 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use layerfs::control::protocol::Op;
-use layerfs::control::{client, quota_backend};
-use layerfs::report::Status;
-use layerfs::store::reserved::SNAPSHOTTER_NAME;
 use parking_lot::{Mutex, RwLock};
 
 use crate::api::types::Mount;
+use crate::dirs::{self, Dirs};
 use crate::error::Error;
 use crate::filter::{self, Filter};
 use crate::meta::{self, Backing, Kind, Meta, MetaFile, Place, Record, Usage};
-use crate::mounts::{self, Dirs};
+use crate::mounts;
 use crate::quota;
 use crate::shared::{self, SharedLayers};
 use crate::tree;
@@ -123,7 +119,7 @@ impl Snapshots {
             .view
             .as_ref()
             .map(|v| fs::canonicalize(v).unwrap_or(v.clone()));
-        let disk = disk_root(config, &root)?;
+        let disk = dirs::disk_root(config, &root)?;
         for path in std::iter::once(&root)
             .chain(view.as_ref())
             .chain(disk.as_ref())
@@ -705,48 +701,6 @@ impl Snapshots {
             }
         }
     }
-}
-
-/// Where snapshots without a quota go, made if missing: `config.local_root`; else, for a
-/// root inside a layerfs mount, `.layerfs-snapshotter/<the root's path in the mount>` in
-/// that mount's local directory, on the local disk and never shown by the view. `None`
-/// when the root is not in a layerfs mount (and so is on a disk already). Found also when
-/// the fast path is off, for the snapshots made while it was on.
-fn disk_root(config: &Config, root: &Path) -> Result<Option<PathBuf>, Error> {
-    let dir = match &config.local_root {
-        Some(dir) => dir.clone(),
-        None => {
-            let Some(mount) = quota_backend::layerfs_mount_of(root) else {
-                return Ok(None);
-            };
-            let asked = format!(
-                "asking the layerfs mount {} for its local directory",
-                mount.display()
-            );
-            let answer = client::query(&mount, Op::Status)
-                .map_err(|e| Error::Unavailable(format!("{asked}: {e}")))?;
-            let status: Status = serde_json::from_value(answer)
-                .map_err(|e| Error::Unavailable(format!("{asked}: {e}")))?;
-            let inside = root.strip_prefix(&mount).unwrap_or(Path::new(""));
-            Path::new(&status.local)
-                .join(std::ffi::OsStr::from_bytes(SNAPSHOTTER_NAME))
-                .join(inside)
-        }
-    };
-    let snapshots = dir.join("snapshots");
-    fs::create_dir_all(&snapshots)
-        .map_err(|e| Error::io(format!("creating {}", snapshots.display()), e))?;
-    let dir =
-        fs::canonicalize(&dir).map_err(|e| Error::io(format!("resolving {}", dir.display()), e))?;
-    match config.fast_path {
-        true => {
-            tracing::info!(dir = %dir.display(), "snapshots without a quota are kept on the local disk")
-        }
-        false => {
-            tracing::info!(dir = %dir.display(), "fast path off: new snapshots are kept in the view")
-        }
-    }
-    Ok(Some(dir))
 }
 
 /// The chain ID of the layers under a snapshot over `parent`: `Some(None)` over none, and

@@ -1,0 +1,133 @@
+//! Where snapshots' directories are. A snapshot with a quota has its directory under the
+//! snapshotter's root, inside the view when the root is, so the quota covers everything
+//! the container writes and `df` in the container (statfs of the upper directory) shows
+//! it. One without a quota has it on the local disk directly ([`Place::Disk`]): nothing it
+//! writes passes through FUSE, and only its shared lowers come from the view.
+
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use layerfs::control::protocol::Op;
+use layerfs::control::{client, quota_backend};
+use layerfs::report::Status;
+use layerfs::store::reserved::SNAPSHOTTER_NAME;
+
+use crate::error::Error;
+use crate::meta::{Backing, Place, Record};
+use crate::snapshots::Config;
+
+/// Where snapshots' directories are.
+#[derive(Debug, Clone)]
+pub struct Dirs {
+    root: PathBuf,
+    disk: Option<PathBuf>,
+    fast_path: bool,
+}
+
+impl Dirs {
+    /// Directories under `root`, and under `disk` for [`Place::Disk`] when there is one;
+    /// new snapshots without a quota go there when `fast_path` is on.
+    pub fn new(root: &Path, disk: Option<&Path>, fast_path: bool) -> Dirs {
+        Dirs {
+            root: root.to_owned(),
+            disk: disk.map(Path::to_owned),
+            fast_path,
+        }
+    }
+
+    /// Where a new snapshot without a quota goes.
+    pub fn unlimited(&self) -> Place {
+        match self.disk {
+            Some(_) if self.fast_path => Place::Disk,
+            _ => Place::Root,
+        }
+    }
+
+    /// Whether snapshots in `place` can be found.
+    pub fn has(&self, place: Place) -> bool {
+        self.base(place).is_some()
+    }
+
+    /// Every place's `snapshots` directory, which holds one directory per local snapshot.
+    pub fn all_snapshots(&self) -> impl Iterator<Item = (Place, PathBuf)> + '_ {
+        [Place::Root, Place::Disk]
+            .into_iter()
+            .filter_map(|place| Some((place, self.base(place)?.join("snapshots"))))
+    }
+
+    fn base(&self, place: Place) -> Option<&Path> {
+        match place {
+            Place::Root => Some(&self.root),
+            Place::Disk => self.disk.as_deref(),
+        }
+    }
+
+    /// The directory of the snapshot `id` in `place`: the quota root when it has one. A
+    /// table that names the disk where none is configured points at the root, where
+    /// nothing is found, rather than anywhere else.
+    pub fn dir_in(&self, place: Place, id: u64) -> PathBuf {
+        self.base(place)
+            .unwrap_or(&self.root)
+            .join("snapshots")
+            .join(id.to_string())
+    }
+
+    pub fn dir(&self, record: &Record) -> PathBuf {
+        self.dir_in(record.place, record.id)
+    }
+
+    /// The files of a snapshot: its own `fs`, or the shared layer's `diff`.
+    pub fn files(&self, record: &Record) -> PathBuf {
+        match &record.backing {
+            Backing::Local => self.dir(record).join("fs"),
+            Backing::Shared { diff, .. } => diff.clone(),
+        }
+    }
+
+    pub fn work(&self, record: &Record) -> PathBuf {
+        self.dir(record).join("work")
+    }
+}
+
+/// Where snapshots without a quota go, made if missing: `config.local_root`; else, for a
+/// root inside a layerfs mount, `.layerfs-snapshotter/<the root's path in the mount>` in
+/// that mount's local directory, on the local disk and never shown by the view. `None`
+/// when the root is not in a layerfs mount (and so is on a disk already). Found also when
+/// the fast path is off, for the snapshots made while it was on.
+pub fn disk_root(config: &Config, root: &Path) -> Result<Option<PathBuf>, Error> {
+    let dir = match &config.local_root {
+        Some(dir) => dir.clone(),
+        None => {
+            let Some(mount) = quota_backend::layerfs_mount_of(root) else {
+                return Ok(None);
+            };
+            let asked = format!(
+                "asking the layerfs mount {} for its local directory",
+                mount.display()
+            );
+            let answer = client::query(&mount, Op::Status)
+                .map_err(|e| Error::Unavailable(format!("{asked}: {e}")))?;
+            let status: Status = serde_json::from_value(answer)
+                .map_err(|e| Error::Unavailable(format!("{asked}: {e}")))?;
+            let inside = root.strip_prefix(&mount).unwrap_or(Path::new(""));
+            Path::new(&status.local)
+                .join(std::ffi::OsStr::from_bytes(SNAPSHOTTER_NAME))
+                .join(inside)
+        }
+    };
+    let snapshots = dir.join("snapshots");
+    fs::create_dir_all(&snapshots)
+        .map_err(|e| Error::io(format!("creating {}", snapshots.display()), e))?;
+    let dir =
+        fs::canonicalize(&dir).map_err(|e| Error::io(format!("resolving {}", dir.display()), e))?;
+    match config.fast_path {
+        true => {
+            tracing::info!(dir = %dir.display(), "snapshots without a quota are kept on the local disk")
+        }
+        false => {
+            tracing::info!(dir = %dir.display(), "fast path off: new snapshots are kept in the view")
+        }
+    }
+    Ok(Some(dir))
+}
