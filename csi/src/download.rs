@@ -120,16 +120,89 @@ fn check_host(url: &url::Url, policy: &Policy) -> Result<()> {
             )))
         }
     };
-    if !policy.allow_private && is_private(&ip) {
+    if !policy.allow_private && refused_ip(&ip, &own_addresses()) {
         return Err(refused(shown, &ip.to_string()));
     }
     Ok(())
 }
 
+/// Whether a download may not connect to `ip`: a private address (in any spelling), or one of
+/// `own`, the node's addresses (a public one too: through it a URL reaches the node's own
+/// services, which may trust their host).
+fn refused_ip(ip: &IpAddr, own: &[IpAddr]) -> bool {
+    is_private(ip) || own.iter().any(|o| canonical(o) == canonical(ip))
+}
+
+/// An IPv6 address that embeds an IPv4 one (mapped, compatible, NAT64) as that IPv4 address,
+/// so that each spelling of an address compares equal.
+fn canonical(ip: &IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => embedded_v4(v6).map_or(*ip, IpAddr::V4),
+        IpAddr::V4(_) => *ip,
+    }
+}
+
+/// The IPv4 address an IPv6 one stands for: IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible
+/// `::a.b.c.d` (deprecated, but still routed to the IPv4 address by some stacks) and NAT64
+/// `64:ff9b::/96` and `64:ff9b:1::/48` (a translator turns them into the IPv4 address).
+fn embedded_v4(v6: &std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    let s = v6.segments();
+    let last =
+        std::net::Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    if s[..6] == [0; 6] && !v6.is_loopback() && !v6.is_unspecified() {
+        return Some(last);
+    }
+    if s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0; 4] || s[2] == 1) {
+        return Some(last);
+    }
+    None
+}
+
+/// Every address of the node's interfaces (getifaddrs), read at each check: interfaces and
+/// their addresses come and go (pods, DHCP). An error yields none; the private ranges are
+/// still refused.
+pub fn own_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below with freeifaddrs; each entry's
+    // address is read only when present, as the sockaddr type its family says.
+    unsafe {
+        if libc::getifaddrs(&mut head) != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot list the node's addresses");
+            return out;
+        }
+        let mut cur = head;
+        while !cur.is_null() {
+            let addr = (*cur).ifa_addr;
+            if !addr.is_null() {
+                match i32::from((*addr).sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*(addr as *const libc::sockaddr_in);
+                        out.push(IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(
+                            sin.sin_addr.s_addr,
+                        ))));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(addr as *const libc::sockaddr_in6);
+                        out.push(IpAddr::V6(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(head);
+    }
+    out
+}
+
 fn refused(shown: &str, what: &str) -> CsiError {
     CsiError::InvalidArgument(format!(
-        "download url {shown:?} points at {what}, a loopback, link-local or private address; \
-         such URLs are refused unless the driver runs with --allow-private-urls"
+        "download url {shown:?} points at {what}, a loopback, link-local or private address \
+         or one of this node's; such URLs are refused unless the driver runs with --allow-private-urls"
     ))
 }
 
@@ -165,7 +238,8 @@ impl<R: Resolver> Resolver for CheckedResolver<R> {
     ) -> std::result::Result<ResolvedSocketAddrs, ureq::Error> {
         let addrs = self.inner.resolve(uri, config, timeout)?;
         if !self.allow_private {
-            if let Some(bad) = addrs.iter().find(|a| is_private(&a.ip())) {
+            let own = own_addresses();
+            if let Some(bad) = addrs.iter().find(|a| refused_ip(&a.ip(), &own)) {
                 return Err(ureq::Error::Other(Box::new(RefusedAddress(format!(
                     "{} resolves to {}",
                     uri.host().unwrap_or_default(),
@@ -179,7 +253,7 @@ impl<R: Resolver> Resolver for CheckedResolver<R> {
 }
 
 /// Loopback, link-local, private (RFC 1918, unique local, shared), unspecified and broadcast
-/// addresses.
+/// addresses, also spelled as IPv6 ([`embedded_v4`]).
 pub fn is_private(ip: &IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -193,7 +267,7 @@ pub fn is_private(ip: &IpAddr) -> bool {
                 || (o[0] == 100 && (o[1] & 0xc0) == 64)
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            if let Some(v4) = embedded_v4(v6) {
                 return is_private(&IpAddr::V4(v4));
             }
             let first = v6.segments()[0];
@@ -383,7 +457,7 @@ fn get_with(
             ureq::Error::Other(inner) if inner.is::<RefusedAddress>() => {
                 CsiError::InvalidArgument(format!(
                     "download url {shown:?}: {inner}, a loopback, link-local or private \
-                     address; such URLs are refused unless the driver runs with \
+                     address or one of this node's; such URLs are refused unless the driver runs with \
                      --allow-private-urls"
                 ))
             }
@@ -529,6 +603,64 @@ mod tests {
         for ip in ["8.8.8.8", "172.32.0.1", "2001:db8::1", "::ffff:1.1.1.1"] {
             assert!(!is_private(&ip.parse().unwrap()), "{ip}");
         }
+    }
+
+    /// IPv6 spellings of refused IPv4 addresses are refused like them.
+    #[test]
+    fn ipv6_spellings_of_private_addresses() {
+        let strict = Policy::default();
+        for url in [
+            "http://0.0.0.0/x",
+            "http://[::ffff:10.0.0.1]/x",
+            "http://[::ffff:127.0.0.1]/x",
+            "http://[::10.0.0.1]/x",
+            "http://[::127.0.0.1]/x",
+            "http://[::169.254.169.254]/x",
+            "http://[64:ff9b::10.0.0.1]/x",
+            "http://[64:ff9b::7f00:1]/x",
+            "http://[64:ff9b::169.254.169.254]/x",
+            "http://[64:ff9b:1::10.0.0.1]/x",
+        ] {
+            let err = check_url(url, &strict).unwrap_err();
+            assert!(
+                err.to_string().contains("--allow-private-urls"),
+                "{url}: {err}"
+            );
+        }
+        for ip in ["64:ff9b::8.8.8.8", "::ffff:8.8.8.8"] {
+            assert!(!is_private(&ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    /// The node's own addresses are refused, public ones included: a URL naming the node
+    /// reaches its own services.
+    #[test]
+    fn the_nodes_own_addresses_are_refused() {
+        let own = own_addresses();
+        assert!(
+            own.iter().any(|ip| ip.is_loopback()),
+            "getifaddrs lists loopback: {own:?}"
+        );
+        let strict = Policy::default();
+        for ip in &own {
+            let host = match ip {
+                IpAddr::V4(v4) => v4.to_string(),
+                IpAddr::V6(v6) => format!("[{v6}]"),
+            };
+            let url = format!("http://{host}/x");
+            let err = check_url(&url, &strict).unwrap_err();
+            assert!(
+                err.to_string().contains("--allow-private-urls"),
+                "{url}: {err}"
+            );
+        }
+        let public: IpAddr = "203.0.113.7".parse().unwrap();
+        assert!(!refused_ip(&public, &[]));
+        assert!(refused_ip(&public, &[public]));
+        assert!(refused_ip(
+            &"::ffff:203.0.113.7".parse().unwrap(),
+            &[public]
+        ));
     }
 
     #[test]
