@@ -8,6 +8,17 @@
 //! - `.tmp-<node>~<name>…`: work in progress of `<node>`; never read as an image. The node
 //!   is in the name because the directory may be shared: at start-up a node removes its own
 //!   temporaries, which no job of it can still be writing, and never another node's.
+//! - `.quarantine/<when>~<name>.img` and `.json`: an image file that failed verification, or a
+//!   state file that cannot be decoded, moved aside: kept for the operator to look at, never
+//!   taken for an image (a dot name).
+//!
+//! Integrity at rest: a ready image is verified against the size and SHA-512 recorded when it
+//! was made each time its state is read ([`ImageStore::get`]), hashing it again only when its
+//! file's (size, mtime, inode, ctime) changed since the last verification. One that fails is
+//! quarantined: its file moved aside and the state saying why ([`ImageState::quarantined`]);
+//! waiting for it is `DATA_LOSS`. A state file that cannot be decoded is moved aside and its
+//! image file removed: nothing recorded could vouch for that image, and a snapshot no state
+//! names can be deleted (it is gone) instead of failing every call.
 //!
 //! A job runs in the background. On success it renames the file into place and marks the state
 //! ready; on failure it removes the state and its temp file, and remembers the error so that
@@ -17,6 +28,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +39,7 @@ use super::cut::{Cuts, Quiesce};
 use super::download;
 use super::error::{CsiError, Result};
 use super::export::{self, ImageInfo};
-use super::files::{self, read_json, write_json_via, TMP_PREFIX};
+use super::files::{self, write_json_via, TMP_PREFIX};
 use super::handle::{BiHandle, KEY_EXPORT_TYPE, KEY_VOLUME_NAME, SOURCE_EXPORT};
 use super::jobs::{Cancel, JobSet, JobWait};
 use super::names::is_plain;
@@ -70,9 +82,15 @@ pub struct ImageState {
     /// For an export: the point-in-time copy of the volume is taken (the snapshot is cut).
     #[serde(default)]
     pub cut: bool,
+    /// The preparation finished (the image was complete and verified then). Whether it still
+    /// checks out is [`ImageState::quarantined`].
     pub ready: bool,
     /// The node preparing (or that prepared) the image.
     pub node: String,
+    /// Why the image failed verification after it was made, and where its file went. Such an
+    /// image is never restored from nor reported ready; deleting its snapshot frees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
 }
 
 impl ImageState {
@@ -103,6 +121,41 @@ impl ImageState {
 pub struct ImageStore {
     dir: PathBuf,
     node: String,
+    /// Images verified since this process started: the file's identity then, and the checksum
+    /// it matched. An image whose file still has that identity is not hashed again.
+    verified: Mutex<HashMap<String, (FileKey, String)>>,
+    /// Held while an image is verified or quarantined, and while one is removed, so that a
+    /// quarantine never writes back the state of an image deleted meanwhile.
+    checking: Mutex<()>,
+    /// Images hashed for verification (not found unchanged in `verified`).
+    hashed: AtomicU64,
+}
+
+/// Where files that failed verification are moved, inside the images directory.
+pub const QUARANTINE_DIR: &str = ".quarantine";
+
+/// What identifies one version of a file: any write, truncation or replacement changes it
+/// (ctime moves even when mtime is set back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileKey {
+    fn of(meta: &fs::Metadata) -> FileKey {
+        use std::os::unix::fs::MetadataExt;
+        FileKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
 }
 
 /// Separates the node from the rest of a temp name. Node ids never contain it (checked at
@@ -117,6 +170,9 @@ impl ImageStore {
         Ok(ImageStore {
             dir,
             node: node.to_owned(),
+            verified: Mutex::new(HashMap::new()),
+            checking: Mutex::new(()),
+            hashed: AtomicU64::new(0),
         })
     }
 
@@ -139,11 +195,174 @@ impl ImageStore {
         is_plain(name).then(|| self.dir.join(format!("{name}.img")))
     }
 
+    /// The state of `name`; a ready image is verified first ([`ImageStore::verify`]).
     pub fn get(&self, name: &str) -> Result<Option<ImageState>> {
-        match self.state_path(name) {
-            Some(path) => read_json(&path),
-            None => Ok(None),
+        let Some(mut state) = self.recorded(name)? else {
+            return Ok(None);
+        };
+        if state.ready && state.quarantined.is_none() {
+            self.verify(&mut state)?;
         }
+        Ok(Some(state))
+    }
+
+    /// The state of `name` as recorded, not verified. One that cannot be decoded is
+    /// quarantined, and is then no image.
+    fn recorded(&self, name: &str) -> Result<Option<ImageState>> {
+        let Some(path) = self.state_path(name) else {
+            return Ok(None);
+        };
+        match files::read_json_lenient::<ImageState>(&path)? {
+            None => Ok(None),
+            Some(Ok(state)) => Ok(Some(state)),
+            Some(Err(why)) => self.quarantine_state(name, &path, &why),
+        }
+    }
+
+    /// Moves a state file that cannot be decoded aside, and removes its image file. Read
+    /// again first, under the lock: a writer may have replaced it by a good one meanwhile.
+    fn quarantine_state(&self, name: &str, path: &Path, why: &str) -> Result<Option<ImageState>> {
+        let _checking = lock(&self.checking);
+        match files::read_json_lenient::<ImageState>(path)? {
+            None => return Ok(None),
+            Some(Ok(state)) => return Ok(Some(state)),
+            Some(Err(_)) => {}
+        }
+        let moved = self.move_aside(path, &format!("{name}.json"))?;
+        if let Some(data) = self.data_path(name) {
+            match fs::remove_file(&data) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(CsiError::io(format!("removing {}", data.display()), e)),
+            }
+        }
+        lock(&self.verified).remove(name);
+        files::sync_dir(&self.dir)?;
+        tracing::error!(image = %name, error = %why, moved_to = ?moved,
+            "backing image state file is corrupt: quarantined it and removed its image file; \
+             its snapshot no longer exists");
+        Ok(None)
+    }
+
+    /// Checks a ready image's file against the size and SHA-512 recorded when it was made;
+    /// a file unchanged since it last checked out is not hashed again. One that fails is
+    /// moved aside and `state` (also on disk) says why in [`ImageState::quarantined`]. A
+    /// missing file is said so in `state` only: there is nothing to move, and its state may
+    /// be being removed.
+    pub fn verify(&self, state: &mut ImageState) -> Result<()> {
+        let name = state.name.clone();
+        let Some(data) = self.data_path(&name) else {
+            return Ok(());
+        };
+        let _checking = lock(&self.checking);
+        let meta = match fs::metadata(&data) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                state.quarantined = Some(format!("its file {} is missing", data.display()));
+                return Ok(());
+            }
+            Err(e) => return Err(CsiError::io(format!("checking image {name}"), e)),
+        };
+        let key = FileKey::of(&meta);
+        let recorded = state.current_checksum.clone();
+        if let Some(sum) = &recorded {
+            if lock(&self.verified)
+                .get(&name)
+                .is_some_and(|(k, s)| *k == key && s == sum)
+            {
+                return Ok(());
+            }
+        }
+        let problem = if !meta.is_file() {
+            Some("it is not a regular file".to_owned())
+        } else if meta.len() != state.size {
+            Some(format!(
+                "its size is {} bytes, but {} bytes were recorded when it was made",
+                meta.len(),
+                state.size
+            ))
+        } else if let Some(sum) = &recorded {
+            self.hashed.fetch_add(1, Ordering::Relaxed);
+            let got = copy::sha512_file(&data)?;
+            if got == *sum {
+                lock(&self.verified).insert(name.clone(), (key, got));
+                None
+            } else {
+                Some(format!(
+                    "its SHA-512 is {got}, but {sum} was recorded when it was made"
+                ))
+            }
+        } else {
+            Some("no checksum was recorded when it was made".to_owned())
+        };
+        let Some(problem) = problem else {
+            return Ok(());
+        };
+        lock(&self.verified).remove(&name);
+        let moved = self.move_aside(&data, &format!("{name}.img"))?;
+        let reason = match moved {
+            Some(to) => format!("{problem}; the file was moved to {}", to.display()),
+            None => problem,
+        };
+        tracing::error!(image = %name, reason = %reason,
+            "backing image failed verification: quarantined");
+        state.quarantined = Some(reason);
+        if self.state_path(&name).is_some_and(|p| p.exists()) {
+            self.save(state)?;
+        }
+        Ok(())
+    }
+
+    /// Records that the image `name`, just stored with checksum `sum`, checks out as it is.
+    fn verified_now(&self, name: &str, sum: &str) {
+        if let Some(meta) = self.data_path(name).and_then(|p| fs::metadata(p).ok()) {
+            lock(&self.verified).insert(name.to_owned(), (FileKey::of(&meta), sum.to_owned()));
+        }
+    }
+
+    /// How many times an image was hashed for verification.
+    pub fn hashed(&self) -> u64 {
+        self.hashed.load(Ordering::Relaxed)
+    }
+
+    /// Moves `path` into the quarantine directory as `<when>~<label>`; `None` when it is gone.
+    fn move_aside(&self, path: &Path, label: &str) -> Result<Option<PathBuf>> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let dir = self.dir.join(QUARANTINE_DIR);
+        fs::create_dir_all(&dir)
+            .map_err(|e| CsiError::io(format!("creating {}", dir.display()), e))?;
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let to = dir.join(format!(
+            "{}-{}-{n}{NODE_END}{label}",
+            files::now_secs(),
+            std::process::id()
+        ));
+        match fs::rename(path, &to) {
+            Ok(()) => {
+                files::sync_dir(&dir)?;
+                Ok(Some(to))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(CsiError::io(format!("quarantining {}", path.display()), e)),
+        }
+    }
+
+    /// The quarantined files of the image `name`.
+    pub fn quarantined_files(&self, name: &str) -> Vec<PathBuf> {
+        let dir = self.dir.join(QUARANTINE_DIR);
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let (img, json) = (format!("{name}.img"), format!("{name}.json"));
+        entries
+            .flatten()
+            .filter(|e| {
+                let file = e.file_name().to_string_lossy().into_owned();
+                file.split_once(NODE_END)
+                    .is_some_and(|(_, label)| label == img || label == json)
+            })
+            .map(|e| e.path())
+            .collect()
     }
 
     /// Creates the state file unless one exists; `false` if it did.
@@ -170,10 +389,17 @@ impl ImageStore {
         write_json_via(&path, &tmp, state)
     }
 
-    /// Removes the image file, then its state; missing parts are fine.
+    /// Removes the image file, what of it was quarantined, then its state; missing parts are
+    /// fine.
     pub fn remove(&self, name: &str) -> Result<()> {
-        for path in [self.data_path(name), self.state_path(name)]
+        let _checking = lock(&self.checking);
+        lock(&self.verified).remove(name);
+        let quarantined = self.quarantined_files(name);
+        let had_quarantine = !quarantined.is_empty();
+        for path in quarantined
             .into_iter()
+            .map(Some)
+            .chain([self.data_path(name), self.state_path(name)])
             .flatten()
         {
             match fs::remove_file(&path) {
@@ -182,11 +408,28 @@ impl ImageStore {
                 Err(e) => return Err(CsiError::io(format!("removing {}", path.display()), e)),
             }
         }
+        if had_quarantine {
+            // Only once empty: other images' files may still be there.
+            let _ = fs::remove_dir(self.dir.join(QUARANTINE_DIR));
+        }
         files::sync_dir(&self.dir)
     }
 
-    /// Every image with a readable state file, sorted by name.
+    /// Every image with a readable state file, sorted by name; ready ones verified.
     pub fn list(&self) -> Result<Vec<ImageState>> {
+        self.list_with(|store, name| store.get(name))
+    }
+
+    /// [`ImageStore::list`] as recorded, not verified (at start-up: hashing every image then
+    /// would hold up the driver); undecodable state files are quarantined still.
+    pub fn list_recorded(&self) -> Result<Vec<ImageState>> {
+        self.list_with(ImageStore::recorded)
+    }
+
+    fn list_with(
+        &self,
+        read: impl Fn(&ImageStore, &str) -> Result<Option<ImageState>>,
+    ) -> Result<Vec<ImageState>> {
         let entries = fs::read_dir(&self.dir)
             .map_err(|e| CsiError::io(format!("listing {}", self.dir.display()), e))?;
         let mut out = Vec::new();
@@ -198,7 +441,7 @@ impl ImageStore {
             if !is_plain(name) {
                 continue;
             }
-            match self.get(name) {
+            match read(self, name) {
                 Ok(Some(state)) => out.push(state),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(image = %name, error = %e, "skipping backing image"),
@@ -355,6 +598,7 @@ impl Images {
             cut: false,
             ready: false,
             node: self.node.clone(),
+            quarantined: None,
         }
     }
 
@@ -568,7 +812,7 @@ impl Images {
     pub fn recover(self: &Arc<Self>) -> Result<()> {
         self.store.clean_own_temps();
         let mut keep = HashSet::new();
-        for state in self.store.list()? {
+        for state in self.store.list_recorded()? {
             if state.ready || state.node != self.node || state.source_type != SOURCE_EXPORT {
                 continue;
             }
@@ -700,6 +944,7 @@ impl Images {
         state.format = Some(format);
         state.size = size;
         state.virtual_size = virtual_size;
+        self.store.verified_now(name, &sum);
         state.current_checksum = Some(sum);
         state.progress = Progress {
             done: size,
@@ -733,6 +978,13 @@ impl Images {
             }
             // Prepared by this node or another one: follow the state file.
             match self.store.get(name)? {
+                Some(state) if state.quarantined.is_some() => {
+                    return Err(CsiError::DataLoss(format!(
+                        "backing image {name} no longer matches what was recorded when it was \
+                         made: {}; it is quarantined: delete the snapshot and take it again",
+                        state.quarantined.as_deref().unwrap_or_default()
+                    )))
+                }
                 Some(state) if done(&state) => return Ok(Wait::Ready(Box::new(state))),
                 Some(state) => {
                     if self.is_orphan(&state) {
@@ -762,5 +1014,110 @@ impl Images {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    fn ready_image(store: &ImageStore, name: &str, data: &[u8]) -> ImageState {
+        let path = store.data_path(name).unwrap();
+        fs::write(&path, data).unwrap();
+        let sum = copy::sha512_file(&path).unwrap();
+        let state = ImageState {
+            name: name.to_owned(),
+            csi_name: None,
+            source_type: "download".into(),
+            parameters: BTreeMap::new(),
+            expected_checksum: None,
+            current_checksum: Some(sum),
+            format: Some("raw".into()),
+            size: data.len() as u64,
+            virtual_size: data.len() as u64,
+            created: 1,
+            progress: Progress::default(),
+            cut: false,
+            ready: true,
+            node: "n1".into(),
+            quarantined: None,
+        };
+        store.save(&state).unwrap();
+        state
+    }
+
+    /// An unchanged image is hashed once; any change to its file makes it hashed again.
+    #[test]
+    fn verification_is_cached_by_file_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(dir.path().join("images"), "n1").unwrap();
+        ready_image(&store, "a", &[7u8; 100_000]);
+        for _ in 0..3 {
+            let state = store.get("a").unwrap().unwrap();
+            assert_eq!(state.quarantined, None);
+        }
+        assert_eq!(store.list().unwrap().len(), 1);
+        assert_eq!(store.hashed(), 1, "hashed once while unchanged");
+        // The same bytes written again: the file changed (mtime, ctime), so it is read again,
+        // and checks out.
+        let path = store.data_path("a").unwrap();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all_at(&[7u8], 10)
+            .unwrap();
+        assert_eq!(store.get("a").unwrap().unwrap().quarantined, None);
+        assert_eq!(store.hashed(), 2);
+    }
+
+    #[test]
+    fn a_changed_image_is_quarantined_and_removed_with_its_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(dir.path().join("images"), "n1").unwrap();
+        ready_image(&store, "b", &[1u8; 4096]);
+        let path = store.data_path("b").unwrap();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all_at(&[2u8], 0)
+            .unwrap();
+        let state = store.get("b").unwrap().unwrap();
+        let why = state.quarantined.expect("quarantined");
+        assert!(why.contains("SHA-512"), "{why}");
+        assert!(!path.exists());
+        assert_eq!(store.quarantined_files("b").len(), 1);
+        assert_eq!(store.quarantined_files("a").len(), 0);
+        // Said on disk too, and not verified again.
+        let again = store.get("b").unwrap().unwrap();
+        assert_eq!(again.quarantined.as_deref(), Some(why.as_str()));
+        store.remove("b").unwrap();
+        assert!(store.get("b").unwrap().is_none());
+        assert!(!dir.path().join("images").join(QUARANTINE_DIR).exists());
+    }
+
+    #[test]
+    fn an_undecodable_state_is_quarantined_with_its_image_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(dir.path().join("images"), "n1").unwrap();
+        ready_image(&store, "c", &[3u8; 4096]);
+        ready_image(&store, "d", &[4u8; 4096]);
+        let state = dir.path().join("images/c.json");
+        let text = fs::read(&state).unwrap();
+        fs::write(&state, &text[..text.len() / 3]).unwrap();
+        let listed: Vec<String> = store
+            .list_recorded()
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(listed, ["d"]);
+        assert!(!state.exists());
+        assert!(!store.data_path("c").unwrap().exists());
+        assert_eq!(store.quarantined_files("c").len(), 1);
+        assert!(store.get("c").unwrap().is_none());
+        assert_eq!(store.get("d").unwrap().unwrap().quarantined, None);
     }
 }

@@ -31,6 +31,9 @@ pub enum CsiError {
     /// No space left for the request.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// Stored data no longer matches what was recorded when it was written.
+    #[error("{0}")]
+    DataLoss(String),
     /// A local operation failed.
     #[error("{context}: {source}")]
     Io {
@@ -74,6 +77,7 @@ impl CsiError {
             CsiError::Aborted(_) => Code::Aborted,
             CsiError::Unavailable(_) => Code::Unavailable,
             CsiError::ResourceExhausted(_) => Code::ResourceExhausted,
+            CsiError::DataLoss(_) => Code::DataLoss,
             CsiError::Io { .. } | CsiError::Internal(_) => Code::Internal,
         }
     }
@@ -115,6 +119,7 @@ impl From<Failure> for CsiError {
             Code::Aborted => CsiError::Aborted(f.message),
             Code::Unavailable => CsiError::Unavailable(f.message),
             Code::ResourceExhausted => CsiError::ResourceExhausted(f.message),
+            Code::DataLoss => CsiError::DataLoss(f.message),
             _ => CsiError::Internal(f.message),
         }
     }

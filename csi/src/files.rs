@@ -72,6 +72,21 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     }
 }
 
+/// Reads a JSON state file that may be damaged: `None` when it does not exist, `Some(Err(why))`
+/// when it cannot be decoded (garbled, cut short), for the caller to move it aside rather
+/// than fail on it at every call.
+pub fn read_json_lenient<T: DeserializeOwned>(
+    path: &Path,
+) -> Result<Option<std::result::Result<T, String>>> {
+    match fs::read(path) {
+        Ok(data) => Ok(Some(
+            serde_json::from_slice(&data).map_err(|e| e.to_string()),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CsiError::io(format!("reading {}", path.display()), e)),
+    }
+}
+
 /// Seconds since the epoch, now.
 pub fn now_secs() -> i64 {
     SystemTime::now()
