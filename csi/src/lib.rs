@@ -41,6 +41,7 @@ pub mod error;
 pub mod export;
 pub mod files;
 pub mod handle;
+pub mod hold;
 pub mod identity;
 pub mod jobs;
 pub mod locks;
