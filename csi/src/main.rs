@@ -29,6 +29,8 @@ fn run(config: layerfs_csi::Config, deny_private_urls: bool) -> anyhow::Result<(
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes are for a terminal; in a log file or a container log they are noise.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if deny_private_urls {
         tracing::warn!("--deny-private-urls is the default now and is ignored; remove it");

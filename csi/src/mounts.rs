@@ -208,12 +208,52 @@ pub async fn umount(target: &Path) -> Result<()> {
     run("umount", [target.as_os_str()]).await.map(|_| ())
 }
 
-/// Whether something is mounted exactly at `target`.
-pub fn is_mounted(target: &Path) -> bool {
-    let wanted = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_owned());
-    mountinfo::current()
-        .iter()
-        .any(|m| m.point == wanted || m.point == target)
+/// What is mounted on top at a target path, as one volume sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Occupant {
+    /// Not a mount point.
+    Nothing,
+    /// The volume's device: its ext4 filesystem (root and all), or the device node itself
+    /// bound onto a file.
+    Volume,
+    /// Something else: `what` is its source and type, for messages.
+    Other(String),
+}
+
+/// What is mounted on top at `target`, told from the mount table and the kernel's own device
+/// numbers rather than from any record of the driver, so that the answer holds after a
+/// restart or a lost record. `device` is the loop device the volume is attached to now (a
+/// volume with none cannot be mounted anywhere). `target` must not be a symlink: callers
+/// refuse those, as mount and umount would follow them elsewhere.
+pub fn occupant(target: &Path, device: Option<&Path>) -> Result<Occupant> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let point = match std::fs::canonicalize(target) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Occupant::Nothing),
+        Err(e) => return Err(CsiError::io(format!("resolving {}", target.display()), e)),
+    };
+    let table =
+        mountinfo::read().map_err(|e| CsiError::io("reading the mount table".to_owned(), e))?;
+    // Mounts stacked on one point are listed in mount order: the last one is what a path
+    // lookup reaches, and what umount removes.
+    let Some(top) = table.into_iter().rfind(|m| m.point == point) else {
+        return Ok(Occupant::Nothing);
+    };
+    if let Some(device) = device {
+        let rdev = std::fs::metadata(device)
+            .map_err(|e| CsiError::io(format!("{}", device.display()), e))?
+            .rdev();
+        let numbers = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+        if top.device == numbers && top.root == Path::new("/") {
+            return Ok(Occupant::Volume);
+        }
+        let here = std::fs::metadata(target)
+            .map_err(|e| CsiError::io(format!("{}", target.display()), e))?;
+        if here.file_type().is_block_device() && here.rdev() == rdev {
+            return Ok(Occupant::Volume);
+        }
+    }
+    Ok(Occupant::Other(format!("{} ({})", top.source, top.fstype)))
 }
 
 /// Whether `dev` is mounted anywhere (as a filesystem source).

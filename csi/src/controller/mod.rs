@@ -70,6 +70,50 @@ pub fn check_capability(cap: &VolumeCapability) -> std::result::Result<(), Strin
     }
 }
 
+/// Keys the Kubernetes sidecars add on their own (with `--extra-create-metadata`: the names of
+/// the PVC, PV or VolumeSnapshot) or read themselves (secrets, fstype). Always accepted.
+const SIDECAR_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// The VolumeSnapshotClass parameters CreateSnapshot reads.
+const SNAPSHOT_PARAMETERS: [&str; 3] = ["type", "export-type", "exportType"];
+
+/// The StorageClass parameters CreateVolume reads: none.
+const VOLUME_PARAMETERS: [&str; 0] = [];
+
+/// Refuses keys of `params` that are neither `known` nor the sidecars': a misspelt key (say
+/// `exporttype: qcow2`) would otherwise be ignored, and the user get what they did not ask
+/// for without a word. `class` names where the parameters come from, for the message.
+fn check_parameters(
+    class: &str,
+    params: &std::collections::HashMap<String, String>,
+    known: &[&str],
+) -> Result<()> {
+    let mut unknown: Vec<&str> = params
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !known.contains(k) && !k.starts_with(SIDECAR_PREFIX))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    unknown.sort_unstable();
+    let accepted = if known.is_empty() {
+        "none".to_owned()
+    } else {
+        known.join(", ")
+    };
+    Err(CsiError::InvalidArgument(format!(
+        "unknown {class} parameter{} {}; accepted: {accepted} (and keys starting with \
+         {SIDECAR_PREFIX})",
+        if unknown.len() > 1 { "s" } else { "" },
+        unknown
+            .iter()
+            .map(|k| format!("{k:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
 fn round_up(bytes: u64) -> u64 {
     bytes.div_ceil(ALIGN).saturating_mul(ALIGN)
 }
@@ -347,6 +391,44 @@ impl Controller for ControllerService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_parameters_are_refused_by_name() {
+        let params = |keys: &[&str]| {
+            keys.iter()
+                .map(|k| (k.to_string(), "x".to_string()))
+                .collect::<std::collections::HashMap<_, _>>()
+        };
+        let known = &SNAPSHOT_PARAMETERS;
+        let ok = params(&[
+            "type",
+            "export-type",
+            "exportType",
+            "csi.storage.k8s.io/volumesnapshot/name",
+        ]);
+        check_parameters("VolumeSnapshotClass", &ok, known).unwrap();
+        let err = check_parameters(
+            "VolumeSnapshotClass",
+            &params(&["type", "exporttype"]),
+            known,
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.to_string().contains("\"exporttype\""), "{err}");
+        let err = check_parameters(
+            "StorageClass",
+            &params(&["backingImage"]),
+            &VOLUME_PARAMETERS,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("\"backingImage\""), "{err}");
+        check_parameters(
+            "StorageClass",
+            &params(&["csi.storage.k8s.io/pvc/name"]),
+            &VOLUME_PARAMETERS,
+        )
+        .unwrap();
+    }
 
     #[test]
     fn a_capacity_rounded_past_a_signed_size_is_out_of_range() {

@@ -34,6 +34,7 @@ impl ControllerService {
         for cap in &req.volume_capabilities {
             check_capability(cap).map_err(CsiError::InvalidArgument)?;
         }
+        check_parameters("StorageClass", &req.parameters, &VOLUME_PARAMETERS)?;
         let (required, limit) = capacity_range(req.capacity_range.as_ref())?;
         let snapshot_id =
             match req

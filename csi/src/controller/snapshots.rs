@@ -126,6 +126,7 @@ impl ControllerService {
 
     pub(super) async fn create_snapshot(&self, req: CreateSnapshotRequest) -> Result<Snapshot> {
         let params = &req.parameters;
+        check_parameters("VolumeSnapshotClass", params, &SNAPSHOT_PARAMETERS)?;
         match params.get("type").map(String::as_str).unwrap_or("bi") {
             "bi" | "" => {}
             kind @ ("snap" | "bak" | "bs") => {
