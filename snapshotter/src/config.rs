@@ -24,11 +24,17 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 ///
 /// Every option can also be set in the configuration file, under the option's name with
 /// `_` for `-`; the command line wins.
-#[derive(Debug, Default, Parser)]
+///
+/// The same struct is the configuration file, so that no flag can lack its key. Every key is
+/// optional; a key this version does not know is an error rather than silently ignored, so
+/// a misspelt setting is never mistaken for a default.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Parser, Deserialize)]
 #[command(name = "layerfs-snapshotter", version)]
+#[serde(deny_unknown_fields)]
 pub struct Args {
     /// The configuration file (TOML) [default: /etc/layerfs/snapshotter.toml, if present]
     #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// The unix socket to serve on (`address` of `[proxy_plugins.layerfs]`)
     /// [default: /run/layerfs/snapshotter.sock]
@@ -69,22 +75,6 @@ pub struct Args {
     pub log_level: Option<String>,
 }
 
-/// The configuration file. Every key is optional; a key this version does not know is an
-/// error rather than silently ignored, so a misspelt setting is never mistaken for a
-/// default.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct File {
-    pub address: Option<PathBuf>,
-    pub root: Option<PathBuf>,
-    pub view: Option<PathBuf>,
-    pub driver: Option<String>,
-    pub fast_path: Option<bool>,
-    pub local_root: Option<PathBuf>,
-    pub metrics_address: Option<SocketAddr>,
-    pub log_level: Option<String>,
-}
-
 /// What the snapshotter runs with: the command line over the file over the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -119,15 +109,15 @@ pub enum Error {
     NoRoot,
 }
 
-impl File {
-    /// Reads `path`. A missing file is an error here: whether one may be missing is the
+impl Args {
+    /// Reads the configuration file `path`. A missing file is an error here: whether one may be missing is the
     /// caller's decision.
-    pub fn read(path: &Path) -> Result<File, Error> {
+    pub fn read_file(path: &Path) -> Result<Args, Error> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
             path: path.to_owned(),
             source,
         })?;
-        File::parse(&text).map_err(|(line, message)| Error::Parse {
+        Args::from_toml(&text).map_err(|(line, message)| Error::Parse {
             path: path.to_owned(),
             line,
             message,
@@ -135,7 +125,7 @@ impl File {
     }
 
     /// Parses a file's text; an error comes with the line it is on and names the key.
-    pub fn parse(text: &str) -> Result<File, (usize, String)> {
+    pub fn from_toml(text: &str) -> Result<Args, (usize, String)> {
         toml::from_str(text).map_err(|e| {
             let start = e.span().map_or(0, |s| s.start).min(text.len());
             let line = text[..start].matches('\n').count() + 1;
@@ -163,15 +153,15 @@ impl Settings {
     /// when that exists.
     pub fn load(args: Args) -> Result<Settings, Error> {
         let (file, config_file) = match &args.config {
-            Some(path) => (File::read(path)?, Some(path.clone())),
+            Some(path) => (Args::read_file(path)?, Some(path.clone())),
             None => {
                 let path = Path::new(DEFAULT_CONFIG);
-                match File::read(path) {
+                match Args::read_file(path) {
                     Ok(file) => (file, Some(path.to_owned())),
                     Err(Error::Read { source, .. })
                         if source.kind() == std::io::ErrorKind::NotFound =>
                     {
-                        (File::default(), None)
+                        (Args::default(), None)
                     }
                     Err(e) => return Err(e),
                 }
@@ -181,7 +171,7 @@ impl Settings {
     }
 
     /// The command line over `file` over the defaults.
-    pub fn merge(args: Args, file: File, config_file: Option<PathBuf>) -> Result<Settings, Error> {
+    pub fn merge(args: Args, file: Args, config_file: Option<PathBuf>) -> Result<Settings, Error> {
         Ok(Settings {
             address: args
                 .address
@@ -224,7 +214,7 @@ mod tests {
 
     const EXAMPLE: &str = include_str!("../../deploy/systemd/snapshotter.toml");
 
-    /// The field names serde knows `File` by, asked of serde itself so that the list
+    /// The field names serde knows the file by, asked of serde itself so that the list
     /// cannot drift from the struct.
     fn file_keys() -> Vec<&'static str> {
         use serde::de::{self, Visitor};
@@ -251,7 +241,7 @@ mod tests {
             }
         }
         let mut fields = Fields(Vec::new());
-        let _ = File::deserialize(&mut fields);
+        let _ = Args::deserialize(&mut fields);
         fields.0
     }
 
@@ -280,7 +270,7 @@ mod tests {
 
     #[test]
     fn the_example_parses_and_shows_every_key() {
-        let file = File::parse(EXAMPLE).unwrap_or_else(|(line, e)| panic!("line {line}: {e}"));
+        let file = Args::from_toml(EXAMPLE).unwrap_or_else(|(line, e)| panic!("line {line}: {e}"));
         assert!(file.root.is_some());
         // A key left at its default is shown commented out: `# key = value`.
         for key in file_keys() {
@@ -305,7 +295,8 @@ mod tests {
             })
             .map(|l| format!("{l}\n"))
             .collect();
-        let all = File::parse(&uncommented).unwrap_or_else(|(line, e)| panic!("line {line}: {e}"));
+        let all =
+            Args::from_toml(&uncommented).unwrap_or_else(|(line, e)| panic!("line {line}: {e}"));
         assert!(all.address.is_some() && all.root.is_some() && all.view.is_some());
         assert!(all.driver.is_some() && all.fast_path.is_some() && all.local_root.is_some());
         assert!(all.metrics_address.is_some() && all.log_level.is_some());
@@ -313,35 +304,35 @@ mod tests {
 
     #[test]
     fn an_unknown_key_is_named() {
-        let (line, message) = File::parse("root = \"/r\"\n\nfast_pth = false\n").unwrap_err();
+        let (line, message) = Args::from_toml("root = \"/r\"\n\nfast_pth = false\n").unwrap_err();
         assert_eq!(line, 3);
         assert!(message.contains("fast_pth"), "{message}");
     }
 
     #[test]
     fn a_bad_value_names_its_key_and_line() {
-        let (line, message) = File::parse("root = \"/r\"\nfast_path = \"yes\"\n").unwrap_err();
+        let (line, message) = Args::from_toml("root = \"/r\"\nfast_path = \"yes\"\n").unwrap_err();
         assert_eq!(line, 2);
         assert!(message.contains("fast_path"), "{message}");
-        let (line, message) = File::parse("\n\nmetrics_address = \"localhost\"\n").unwrap_err();
+        let (line, message) = Args::from_toml("\n\nmetrics_address = \"localhost\"\n").unwrap_err();
         assert_eq!(line, 3);
         assert!(message.contains("metrics_address"), "{message}");
     }
 
     #[test]
     fn a_syntax_error_has_its_line() {
-        let (line, _) = File::parse("root = \"/r\"\ndriver = \n").unwrap_err();
+        let (line, _) = Args::from_toml("root = \"/r\"\ndriver = \n").unwrap_err();
         assert_eq!(line, 2);
     }
 
     #[test]
     fn flags_win_over_the_file_and_the_file_over_the_defaults() {
-        let file = File {
+        let file = Args {
             root: Some("/file/root".into()),
             driver: Some("vfs".into()),
             fast_path: Some(false),
             metrics_address: Some("127.0.0.1:9102".parse().unwrap()),
-            ..File::default()
+            ..Args::default()
         };
         let args =
             Args::try_parse_from(["layerfs-snapshotter", "--root", "/flag/root", "--fast-path"])
@@ -355,7 +346,7 @@ mod tests {
         assert_eq!(s.log_level, DEFAULT_LOG_LEVEL);
 
         let args = Args::try_parse_from(["x", "--fast-path=false", "--root", "/r"]).unwrap();
-        let s = Settings::merge(args, File::default(), None).unwrap();
+        let s = Settings::merge(args, Args::default(), None).unwrap();
         assert!(!s.fast_path);
         assert_eq!(s.driver, DEFAULT_DRIVER);
         assert_eq!(s.metrics_address, None);
@@ -368,7 +359,7 @@ mod tests {
     fn a_root_is_required_somewhere() {
         let args = Args::try_parse_from(["x"]).unwrap();
         assert!(matches!(
-            Settings::merge(args, File::default(), None),
+            Settings::merge(args, Args::default(), None),
             Err(Error::NoRoot)
         ));
     }
