@@ -447,3 +447,113 @@ async fn a_container_without_a_quota_writes_on_the_local_disk_directly() {
         containerd.remove_container(id);
     }
 }
+
+/// Containers keep writing while the snapshotter is killed (SIGKILL) and started again: a
+/// container on the fast path and one with a quota both finish with every line they wrote,
+/// the quota still holds, their snapshots are still served, and a new container starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn containers_write_on_through_a_snapshotter_crash() {
+    let view = View::new();
+    let (image, _) = images_sharing_a_base("layerfs-crash");
+    image.write_shared_named(&view.remote, Naming::Isulad);
+    view.refresh();
+    let tmp = tempdir();
+    let root = view.mnt.join("snapshots");
+    let mut snapshotter = Snapshotter::start(&tmp.path().join("s.sock"), &root, None);
+    let containerd = Containerd::start(&tmp.path().join("containerd"), &snapshotter.socket);
+    containerd.import(&image);
+
+    // About 4 s of appends, each line checked at the end.
+    let script =
+        "i=0; while [ $i -lt 400 ]; do echo line-$i >> /etc/log; i=$((i+1)); usleep 10000; done; \
+                  wc -l < /etc/log; dd if=/dev/zero of=/etc/big bs=1M count=8 2>/dev/null";
+    let wrapped = format!(
+        "( {script} ) > /script.out 2>&1; echo script-ended >> /script.out; exec sleep 600"
+    );
+    let quota = "containerd.io/snapshot/layerfs.storage.size=4M";
+    for (id, label) in [("crash-fast", None), ("crash-limited", Some(quota))] {
+        let mut args = vec!["run", "-d", "--snapshotter", "layerfs"];
+        if let Some(label) = label {
+            args.extend(["--snapshotter-label", label]);
+        }
+        args.extend([image.name.as_str(), id, "/bin/sh", "-c", &wrapped]);
+        containerd.ctr_ok(&args);
+    }
+    let uppers: Vec<std::path::PathBuf> = ["crash-fast", "crash-limited"]
+        .iter()
+        .map(|id| {
+            let options = containerd.snapshot_mount_options("default", id);
+            std::path::PathBuf::from(mount_option(options.iter().map(String::as_str), "upperdir"))
+        })
+        .collect();
+    let lines = |upper: &std::path::Path| {
+        fs::read_to_string(upper.join("etc/log"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    eventually(30, "the writers to start", || {
+        uppers.iter().all(|u| lines(u) > 10)
+    });
+
+    snapshotter.kill();
+    let during: Vec<usize> = uppers.iter().map(|u| lines(u)).collect();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    for (upper, before) in uppers.iter().zip(&during) {
+        assert!(
+            lines(upper) > *before,
+            "{} stopped writing without the snapshotter",
+            upper.display()
+        );
+    }
+    snapshotter.start_again();
+
+    for upper in &uppers {
+        let out = upper.join("script.out");
+        let mut printed = String::new();
+        eventually(60, "the writers to finish", || {
+            printed = fs::read_to_string(&out).unwrap_or_default();
+            printed.ends_with("script-ended\n")
+        });
+        let log = fs::read_to_string(upper.join("etc/log")).unwrap();
+        let expected: String = (0..400).map(|i| format!("line-{i}\n")).collect();
+        assert_eq!(log, expected, "{}", upper.display());
+        assert!(printed.starts_with("400\n"), "{printed}");
+    }
+    let big = |upper: &std::path::Path| fs::metadata(upper.join("etc/big")).map_or(0, |m| m.len());
+    assert_eq!(
+        big(&uppers[0]),
+        8 << 20,
+        "the container without a quota wrote it all"
+    );
+    assert!(
+        big(&uppers[1]) < 4 << 20,
+        "the quota still holds: {}",
+        big(&uppers[1])
+    );
+
+    for id in ["crash-fast", "crash-limited"] {
+        let key = proxy_snapshots(&snapshotter.socket)
+            .await
+            .into_iter()
+            .find(|i| i.name.ends_with(&format!("/{id}")))
+            .unwrap_or_else(|| panic!("the snapshot of {id} after the crash"))
+            .name;
+        let usage = proxy_usage(&snapshotter.socket, &key).await;
+        assert!(usage.size > 0, "{id}: {usage:?}");
+    }
+    let out = containerd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "layerfs",
+        &image.name,
+        "crash-after",
+        "/bin/cat",
+        "/etc/a-2",
+    ]);
+    assert_eq!(out, "a-2\n");
+    for id in ["crash-fast", "crash-limited"] {
+        containerd.remove_container(id);
+    }
+}

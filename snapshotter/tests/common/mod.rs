@@ -232,6 +232,19 @@ impl Snapshotter {
         self.spawn();
     }
 
+    /// Kills it with SIGKILL, as a crash would: nothing of it runs on, its socket is left.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again after [`Snapshotter::kill`] or [`Snapshotter::stop`].
+    pub fn start_again(&mut self) {
+        self.spawn();
+    }
+
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
