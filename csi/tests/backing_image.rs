@@ -6,6 +6,8 @@
 //! Needs root (loop devices, mounts), `qemu-img`, `losetup`, `mkfs.ext4`. Every server is
 //! stopped, and every mount and loop device under its temp dir removed, even when a test panics.
 
+mod common;
+
 use std::collections::HashMap;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -162,39 +164,7 @@ impl Drop for Server {
                 }
             }
         }
-        cleanup_under(self.dir.path());
-    }
-}
-
-/// Unmounts everything mounted under `root` and detaches loop devices of files under it.
-fn cleanup_under(root: &Path) {
-    let root = fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
-    let root_s = root.to_string_lossy().into_owned();
-    if let Ok(info) = fs::read_to_string("/proc/self/mountinfo") {
-        let mut points: Vec<String> = info
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .map(|p| p.replace("\\040", " "))
-            .filter(|p| p.starts_with(&root_s))
-            .collect();
-        points.sort();
-        points.reverse();
-        for p in points {
-            let _ = Command::new("umount").arg("-l").arg(&p).status();
-        }
-    }
-    if let Ok(out) = Command::new("losetup")
-        .args(["-l", "-n", "-O", "NAME,BACK-FILE"])
-        .output()
-    {
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let mut parts = line.split_whitespace();
-            if let (Some(dev), Some(file)) = (parts.next(), parts.next()) {
-                if file.starts_with(&root_s) {
-                    let _ = Command::new("losetup").arg("-d").arg(dev).status();
-                }
-            }
-        }
+        common::cleanup_under(self.dir.path());
     }
 }
 
