@@ -39,7 +39,7 @@ use super::cut::{Cuts, Quiesce};
 use super::download;
 use super::error::{CsiError, Result};
 use super::export::{self, ImageInfo};
-use super::files::{self, write_json_via, TMP_PREFIX};
+use super::files::{self, remove_if_there, write_json_via, TMP_PREFIX};
 use super::handle::{BiHandle, KEY_EXPORT_TYPE, KEY_VOLUME_NAME, SOURCE_EXPORT};
 use super::jobs::{Cancel, JobSet, JobWait};
 use super::names::is_plain;
@@ -206,9 +206,9 @@ impl ImageStore {
         Ok(Some(state))
     }
 
-    /// The state of `name` as recorded, not verified. One that cannot be decoded is
-    /// quarantined, and is then no image.
-    fn recorded(&self, name: &str) -> Result<Option<ImageState>> {
+    /// The state of `name` as recorded, not verified (deleting an image need not hash it). One
+    /// that cannot be decoded is quarantined, and is then no image.
+    pub fn recorded(&self, name: &str) -> Result<Option<ImageState>> {
         let Some(path) = self.state_path(name) else {
             return Ok(None);
         };
@@ -230,11 +230,7 @@ impl ImageStore {
         }
         let moved = self.move_aside(path, &format!("{name}.json"))?;
         if let Some(data) = self.data_path(name) {
-            match fs::remove_file(&data) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(CsiError::io(format!("removing {}", data.display()), e)),
-            }
+            remove_if_there(&data)?;
         }
         lock(&self.verified).remove(name);
         files::sync_dir(&self.dir)?;
@@ -394,25 +390,34 @@ impl ImageStore {
     pub fn remove(&self, name: &str) -> Result<()> {
         let _checking = lock(&self.checking);
         lock(&self.verified).remove(name);
-        let quarantined = self.quarantined_files(name);
-        let had_quarantine = !quarantined.is_empty();
-        for path in quarantined
+        self.remove_quarantined_locked(name)?;
+        for path in [self.data_path(name), self.state_path(name)]
             .into_iter()
-            .map(Some)
-            .chain([self.data_path(name), self.state_path(name)])
             .flatten()
         {
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(CsiError::io(format!("removing {}", path.display()), e)),
-            }
-        }
-        if had_quarantine {
-            // Only once empty: other images' files may still be there.
-            let _ = fs::remove_dir(self.dir.join(QUARANTINE_DIR));
+            remove_if_there(&path)?;
         }
         files::sync_dir(&self.dir)
+    }
+
+    /// Removes what was quarantined of the image `name` and nothing else: for a snapshot whose
+    /// state file was corrupt, once it is deleted. Returns how many files went.
+    pub fn remove_quarantined(&self, name: &str) -> Result<usize> {
+        let _checking = lock(&self.checking);
+        self.remove_quarantined_locked(name)
+    }
+
+    fn remove_quarantined_locked(&self, name: &str) -> Result<usize> {
+        let quarantined = self.quarantined_files(name);
+        for path in &quarantined {
+            remove_if_there(path)?;
+        }
+        if !quarantined.is_empty() {
+            // Only once empty: other images' files may still be there.
+            let _ = fs::remove_dir(self.dir.join(QUARANTINE_DIR));
+            files::sync_dir(&self.dir)?;
+        }
+        Ok(quarantined.len())
     }
 
     /// Every image with a readable state file, sorted by name; ready ones verified.

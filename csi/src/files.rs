@@ -100,6 +100,15 @@ pub fn clean_temps(dir: &Path) {
     clean_temps_with_prefix(dir, TMP_PREFIX)
 }
 
+/// Removes the file at `path`; one already gone is fine.
+pub fn remove_if_there(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(CsiError::io(format!("removing {}", path.display()), e)),
+    }
+}
+
 /// Removes the entries of `dir` whose names start with `prefix` (one that starts with
 /// [`TMP_PREFIX`]).
 pub fn clean_temps_with_prefix(dir: &Path, prefix: &str) {

@@ -235,7 +235,13 @@ impl ControllerService {
         };
         let _guard = self.0.controller_lock.lock().await;
         let images = &self.0.images;
-        let Some(state) = images.store.get(&image)? else {
+        let Some(state) = images.store.recorded(&image)? else {
+            // A snapshot whose state file was corrupt left only quarantined files: free them.
+            let freed = images.store.remove_quarantined(&image)?;
+            if freed > 0 {
+                tracing::info!(image = %image, files = freed,
+                    "deleted the quarantined files of a backing image");
+            }
             return Ok(());
         };
         // Only the image this handle describes is deleted: another handle that happens to name
