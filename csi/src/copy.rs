@@ -18,9 +18,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha512};
-
 use super::error::{CsiError, Result};
+use super::sha512::Sha512;
 
 /// The unit of reads, writes and hashing.
 pub const CHUNK: usize = 1 << 20;
@@ -168,7 +167,7 @@ impl HashingWriter {
         synced?;
         Ok(Copied {
             size: self.offset,
-            sha512: hex(&sha.finalize()),
+            sha512: sha.finish_hex(),
         })
     }
 }
@@ -359,7 +358,7 @@ pub fn sha512_file(path: &Path) -> Result<String> {
             pos = end;
         }
     }
-    Ok(hex(&sha.finalize()))
+    Ok(sha.finish_hex())
 }
 
 fn hash_zeros(sha: &mut Sha512, mut n: u64) {
@@ -421,14 +420,11 @@ pub fn pump_stream(
     }
 }
 
-/// A digest as lowercase hex, as checksums are written in handles and state files.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sha512::hex;
+    use sha2::Digest;
     use std::io::Write;
 
     fn sparse_file(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
@@ -465,7 +461,7 @@ mod tests {
         let dest = dir.path().join("dest.img");
         let mut calls = 0;
         let got = copy_file(&src, &dest, &AtomicBool::new(false), &mut |_, _| calls += 1).unwrap();
-        let expected = hex(&Sha512::digest(&whole));
+        let expected = hex(&sha2::Sha512::digest(&whole));
         assert_eq!(got.size, whole.len() as u64);
         assert_eq!(got.sha512, expected);
         assert!(calls >= 2);
@@ -498,7 +494,7 @@ mod tests {
             &mut |_, _| {},
         )
         .unwrap();
-        assert_eq!(got.sha512, hex(&Sha512::digest(b"")));
+        assert_eq!(got.sha512, hex(&sha2::Sha512::digest(b"")));
         let holes = dir.path().join("holes");
         File::create(&holes)
             .unwrap()
@@ -512,7 +508,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(got.size, 3 * CHUNK as u64 + 1);
-        assert_eq!(got.sha512, hex(&Sha512::digest(vec![0u8; 3 * CHUNK + 1])));
+        assert_eq!(
+            got.sha512,
+            hex(&sha2::Sha512::digest(vec![0u8; 3 * CHUNK + 1]))
+        );
     }
 
     #[test]
@@ -535,7 +534,7 @@ mod tests {
         .unwrap();
         let got = out.finish().unwrap();
         assert_eq!(seen, data[..4]);
-        assert_eq!(got.sha512, hex(&Sha512::digest(&data)));
+        assert_eq!(got.sha512, hex(&sha2::Sha512::digest(&data)));
         assert!(std::fs::read(&dest).unwrap() == data);
     }
 }

@@ -49,6 +49,7 @@ pub mod mounts;
 pub mod names;
 pub mod node;
 pub mod server;
+pub mod sha512;
 pub mod volumes;
 
 /// The generated CSI v1 messages and services.

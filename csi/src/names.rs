@@ -10,9 +10,8 @@
 //!
 //! Names containing `/`, NUL or `..` are refused outright: they are path tricks, not names.
 
-use sha2::{Digest, Sha512};
-
 use super::error::{CsiError, Result};
+use super::sha512;
 
 /// Longest name kept as it is.
 pub const MAX_PLAIN: usize = 63;
@@ -60,7 +59,7 @@ pub fn disk_name(what: &str, name: &str) -> Result<String> {
     while prefix.starts_with(['-', '.', '_']) {
         prefix.remove(0);
     }
-    let digest = Sha512::digest(name.as_bytes());
+    let digest = sha512::digest(name.as_bytes());
     let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
     if prefix.is_empty() {
         Ok(format!("x-{hash}"))
