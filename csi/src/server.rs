@@ -1,6 +1,6 @@
 //! Serving the driver on a unix socket until SIGTERM or SIGINT.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -41,15 +41,19 @@ pub async fn serve(config: Config) -> Result<()> {
             .map_err(|e| CsiError::io(format!("creating {}", parent.display()), e))?;
     }
     {
+        // A socket left by an earlier run is replaced (by the rename in `listen_at`); anything
+        // else at the path is someone's file.
         use std::os::unix::fs::FileTypeExt;
         if let Ok(m) = std::fs::symlink_metadata(&path) {
-            if m.file_type().is_socket() {
-                let _ = std::fs::remove_file(&path);
+            if !m.file_type().is_socket() {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "{} exists and is not a socket; not replacing it",
+                    path.display()
+                )));
             }
         }
     }
-    let listener = UnixListener::bind(&path)
-        .map_err(|e| CsiError::io(format!("listening on {}", path.display()), e))?;
+    let listener = listen_at(&path)?;
     tracing::info!(
         endpoint = %path.display(),
         node = %driver.config.node_id,
@@ -84,4 +88,20 @@ pub async fn serve(config: Config) -> Result<()> {
         .await;
     let _ = std::fs::remove_file(&path);
     result.map_err(|e| CsiError::Internal(format!("gRPC server: {e}")))
+}
+
+/// Listens on a unix socket at `path`. The socket is bound under a temp name and renamed into
+/// place once it listens: whoever waits for `path` to appear (the kubelet's registrar, a
+/// test) never finds a socket that refuses connections.
+fn listen_at(path: &Path) -> Result<UnixListener> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = path.with_file_name(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&temp);
+    let listener = UnixListener::bind(&temp)
+        .map_err(|e| CsiError::io(format!("listening on {}", temp.display()), e))?;
+    if let Err(e) = std::fs::rename(&temp, path) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(CsiError::io(format!("listening on {}", path.display()), e));
+    }
+    Ok(listener)
 }
