@@ -9,10 +9,10 @@
 //! VolumeSnapshotContent) makes the driver produce it first, by download or export.
 //! `DeleteSnapshot` removes the image.
 //!
-//! Point in time: the cut ([`cut::cut_volume`]) freezes the ext4 filesystem of every
-//! `Mount` publication of the volume (FIFREEZE) and fsyncs its loop devices and disk file, so
-//! the snapshot holds everything written before CreateSnapshot was called (crash-consistent:
-//! not what applications still buffer themselves). CreateSnapshot returns once the cut is
+//! Point in time: the cut ([`cut::cut_volume`]) is the volume at one instant while writers
+//! run (crash-consistent: not what applications still buffer themselves). It freezes the ext4
+//! filesystem of every `Mount` publication (FIFREEZE), fsyncs the loop devices and the disk
+//! file, then reflinks the file, or copies it with its writers held out ([`hold`]). CreateSnapshot returns once the cut is
 //! taken and durable; the export then runs from it with `ready_to_use: false`, and resumes
 //! from it after a restart. DeleteSnapshot of a snapshot still being cut or exported cancels
 //! that work and removes everything it made.
@@ -98,6 +98,9 @@ pub struct Config {
     pub max_image_size: u64,
     /// A download that receives nothing for this long fails.
     pub download_idle_timeout: Duration,
+    /// The capacity volumes may be promised, in percent of what the store's filesystem can
+    /// hold for them: 100 means every volume can be filled at once.
+    pub over_provisioning: u32,
 }
 
 impl Config {

@@ -92,6 +92,13 @@ pub struct CsiArgs {
     /// Seconds a download may receive nothing before it fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub download_idle_timeout: u64,
+    /// The capacity volumes may be promised, in percent of what the store's filesystem can
+    /// hold for them (what they occupy plus what is free). Volumes are sparse: at 100 every
+    /// volume can be filled at once; above it they share free space, and a full store fails
+    /// writes inside them.
+    #[arg(long, value_name = "PERCENT", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub over_provisioning: u32,
 }
 
 impl CsiArgs {
@@ -110,6 +117,7 @@ impl CsiArgs {
             allow_private_urls: self.allow_private_urls,
             max_image_size: self.max_image_size,
             download_idle_timeout: std::time::Duration::from_secs(self.download_idle_timeout),
+            over_provisioning: self.over_provisioning,
         }
     }
 }

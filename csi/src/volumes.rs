@@ -3,10 +3,16 @@
 //! was asked, for idempotency) and, on the node side, `publish.json` (where it is published).
 //!
 //! A volume appears only complete: it is built in a temp directory and renamed into place.
+//!
+//! Disks are sparse, so the store tracks what it has promised ([`VolumeStore::space`]): the
+//! capacities of its volumes and of those being built, against what the filesystem can give
+//! them. Lock order: `pending` is a leaf, held only to read or change its map.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -48,12 +54,35 @@ pub struct Publication {
 
 pub struct VolumeStore {
     root: PathBuf,
+    /// The capacity each volume being built ([`Staging`]) will have, by its temp directory.
+    pending: Arc<Mutex<HashMap<PathBuf, u64>>>,
+}
+
+/// How the store's filesystem is shared out to volumes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Space {
+    /// The filesystem's size.
+    pub total: u64,
+    /// What it has free (for the driver: `f_bavail`).
+    pub free: u64,
+    /// What volume disks, finished or being built, occupy.
+    pub allocated: u64,
+    /// The sum of their capacities: what they may grow to.
+    pub provisioned: u64,
+}
+
+impl Space {
+    /// What volumes may hold at most: what they hold now and what is free.
+    pub fn usable(&self) -> u64 {
+        self.free.saturating_add(self.allocated)
+    }
 }
 
 /// A volume under construction; removed unless committed.
 pub struct Staging {
     dir: PathBuf,
     committed: bool,
+    pending: Arc<Mutex<HashMap<PathBuf, u64>>>,
 }
 
 impl Staging {
@@ -64,6 +93,7 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
+        lock(&self.pending).remove(&self.dir);
         if !self.committed {
             let _ = fs::remove_dir_all(&self.dir);
         }
@@ -75,7 +105,10 @@ impl VolumeStore {
         fs::create_dir_all(&root)
             .map_err(|e| CsiError::io(format!("creating {}", root.display()), e))?;
         files::clean_temps(&root);
-        Ok(VolumeStore { root })
+        Ok(VolumeStore {
+            root,
+            pending: Arc::default(),
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -111,7 +144,6 @@ impl VolumeStore {
 
     /// Bytes the disk image really occupies (holes are free).
     pub fn allocated(&self, id: &str) -> Result<u64> {
-        use std::os::unix::fs::MetadataExt;
         let disk = self
             .disk(id)
             .ok_or_else(|| CsiError::NotFound(format!("volume {id:?} does not exist")))?;
@@ -140,14 +172,47 @@ impl VolumeStore {
         Ok(out)
     }
 
-    /// A temp directory in which a new volume's disk is prepared.
-    pub fn stage(&self, id: &str) -> Result<Staging> {
+    /// A temp directory in which a new volume's disk of `capacity` bytes is prepared; the
+    /// capacity counts as provisioned from now on.
+    pub fn stage(&self, id: &str, capacity: u64) -> Result<Staging> {
         let dir = files::temp_path(&self.root, id);
         fs::create_dir(&dir).map_err(|e| CsiError::io(format!("creating {}", dir.display()), e))?;
+        lock(&self.pending).insert(dir.clone(), capacity);
         Ok(Staging {
             dir,
             committed: false,
+            pending: Arc::clone(&self.pending),
         })
+    }
+
+    /// What the filesystem holding the store can give, and what volumes have of it. A
+    /// volume being built counts with the capacity it will have, one being deleted with
+    /// what it still occupies.
+    pub fn space(&self) -> Result<Space> {
+        let stat = nix::sys::statvfs::statvfs(&self.root)
+            .map_err(|e| CsiError::io(format!("statvfs {}", self.root.display()), e.into()))?;
+        let frsize = stat.fragment_size() as u64;
+        let mut space = Space {
+            total: (stat.blocks() as u64).saturating_mul(frsize),
+            free: (stat.blocks_available() as u64).saturating_mul(frsize),
+            ..Space::default()
+        };
+        let pending = lock(&self.pending).clone();
+        let entries = fs::read_dir(&self.root)
+            .map_err(|e| CsiError::io(format!("listing {}", self.root.display()), e))?;
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            let disk = fs::symlink_metadata(dir.join(DISK)).ok();
+            space.allocated += disk.as_ref().map_or(0, |m| m.blocks() * 512);
+            let name = entry.file_name();
+            let provisioned = match pending.get(&dir) {
+                Some(&capacity) => capacity,
+                None if is_plain(&name.to_string_lossy()) => disk.map_or(0, |m| m.len()),
+                None => 0,
+            };
+            space.provisioned = space.provisioned.saturating_add(provisioned);
+        }
+        Ok(space)
     }
 
     /// Sizes the staged disk to `capacity` (creating it sparse if missing), writes the metadata
@@ -233,4 +298,8 @@ impl VolumeStore {
             .ok_or_else(|| CsiError::NotFound(format!("volume {id:?} does not exist")))?;
         write_json(&dir.join(PUBLISH), &list)
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -1,6 +1,7 @@
 //! Hardening of the driver (DESIGN §7): NodeUnpublish removes only what NodePublish made,
 //! also after a restart; Node paths must be absolute and clean; misspelt parameters are
-//! refused by name; logs written to a file carry no terminal colour codes.
+//! refused by name; logs written to a file carry no terminal colour codes; the capacity
+//! promised to volumes stays within what the store can hold.
 //!
 //! Needs root (loop devices, mounts), `losetup`, `mkfs.ext4`, `qemu-img`.
 
@@ -291,4 +292,116 @@ async fn logs_to_a_file_have_no_colour_codes() {
     let log = fs::read_to_string(server.log().unwrap()).unwrap();
     assert!(log.contains("created volume"), "nothing logged: {log:?}");
     assert!(!log.contains('\x1b'), "colour codes in the log: {log:?}");
+}
+
+async fn capacity_left(c: &mut Clients) -> i64 {
+    c.ctl
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .expect("GetCapacity")
+        .into_inner()
+        .available_capacity
+}
+
+async fn expand(c: &mut Clients, volume: &str, bytes: i64) -> Result<(), tonic::Status> {
+    c.ctl
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: volume.into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: bytes,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+}
+
+/// Slack for the store's own small files (state, metadata) on the tmpfs.
+const SLACK: i64 = MIB / 4;
+
+/// Volumes are sparse, yet each must be able to fill up: what the driver promises stays
+/// within what the store's filesystem can hold, GetCapacity says what is left, and more is
+/// refused when asked (not failed later, as a write error inside the volume).
+#[tokio::test(flavor = "multi_thread")]
+async fn capacity_promised_stays_within_the_store() {
+    let server = Server::start_on_tmpfs("64m", &[]);
+    let mut c = server.clients().await;
+    let empty = capacity_left(&mut c).await;
+    assert!((64 * MIB - SLACK..=64 * MIB).contains(&empty), "{empty}");
+
+    let a = c.volume(volume_req("cap-a", 40 * MIB, block_cap())).await;
+    let left = capacity_left(&mut c).await;
+    assert!(
+        (empty - 40 * MIB - SLACK..=empty - 40 * MIB).contains(&left),
+        "{left}"
+    );
+
+    let more = c
+        .ctl
+        .create_volume(volume_req("cap-b", 30 * MIB, block_cap()))
+        .await
+        .map(|_| ());
+    assert_refused(more, Code::ResourceExhausted, "left for volumes");
+    let never = c
+        .ctl
+        .create_volume(volume_req("cap-c", 100 * MIB, block_cap()))
+        .await
+        .map(|_| ());
+    assert_refused(never, Code::OutOfRange, "can ever hold");
+    assert_refused(
+        expand(&mut c, &a, 80 * MIB).await,
+        Code::ResourceExhausted,
+        "left for volumes",
+    );
+    expand(&mut c, &a, 44 * MIB)
+        .await
+        .expect("expand within what is left");
+
+    // Data written into a volume is space it was promised: what is left does not change.
+    let before = capacity_left(&mut c).await;
+    let disk = server.path().join(format!("store/volumes/{a}/disk.img"));
+    let file = fs::OpenOptions::new().write(true).open(&disk).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &vec![0x5a; 8 << 20], 0).unwrap();
+    drop(file);
+    let after = capacity_left(&mut c).await;
+    assert!((after - before).abs() <= SLACK, "{before} -> {after}");
+
+    let listed = c
+        .ctl
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.entries.len(), 1, "nothing left of refused volumes");
+    c.ctl
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: a,
+            ..Default::default()
+        })
+        .await
+        .expect("DeleteVolume");
+    let freed = capacity_left(&mut c).await;
+    assert!((empty - SLACK..=empty).contains(&freed), "{freed}");
+    c.volume(volume_req("cap-b", 30 * MIB, block_cap())).await;
+}
+
+/// `--over-provisioning 200` lets sparse volumes be promised twice what the store holds.
+#[tokio::test(flavor = "multi_thread")]
+async fn over_provisioning_scales_what_may_be_promised() {
+    let server = Server::start_on_tmpfs("64m", &["--over-provisioning", "200"]);
+    let mut c = server.clients().await;
+    let empty = capacity_left(&mut c).await;
+    assert!(
+        (128 * MIB - 2 * SLACK..=128 * MIB).contains(&empty),
+        "{empty}"
+    );
+    c.volume(volume_req("over-a", 60 * MIB, block_cap())).await;
+    c.volume(volume_req("over-b", 60 * MIB, block_cap())).await;
+    let more = c
+        .ctl
+        .create_volume(volume_req("over-c", 16 * MIB, block_cap()))
+        .await
+        .map(|_| ());
+    assert_refused(more, Code::ResourceExhausted, "over-provisioning 200%");
 }

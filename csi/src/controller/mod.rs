@@ -157,6 +157,48 @@ fn fit(wanted: u64, limit: u64) -> Result<u64> {
     Ok(capacity)
 }
 
+impl ControllerService {
+    /// The capacity new volumes may still be promised: what the store can hold for volumes,
+    /// scaled by `--over-provisioning`, less what is promised already.
+    fn headroom(&self) -> Result<u64> {
+        let space = self.0.volumes.space()?;
+        Ok(promisable(space.usable(), self.0.config.over_provisioning)
+            .saturating_sub(space.provisioned))
+    }
+
+    /// Refuses `more` bytes of capacity beyond what the store can promise: OUT_OF_RANGE for
+    /// more than its filesystem could ever give, RESOURCE_EXHAUSTED for more than it has
+    /// left now. Called under the controller lock, so two creations cannot both take the
+    /// last of it.
+    fn admit(&self, more: u64) -> Result<()> {
+        let percent = self.0.config.over_provisioning;
+        let space = self.0.volumes.space()?;
+        let ever = promisable(space.total, percent);
+        if more > ever {
+            return Err(CsiError::OutOfRange(format!(
+                "{more} bytes is more than the volume store can ever hold: its filesystem has \
+                 {} bytes (over-provisioning {percent}%)",
+                space.total
+            )));
+        }
+        let left = promisable(space.usable(), percent).saturating_sub(space.provisioned);
+        if more > left {
+            return Err(CsiError::ResourceExhausted(format!(
+                "the volume store has {left} bytes left for volumes, {more} were asked: volumes \
+                 hold {} bytes and are promised {} bytes, {} bytes are free \
+                 (over-provisioning {percent}%)",
+                space.allocated, space.provisioned, space.free
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `percent` of `bytes`.
+fn promisable(bytes: u64, percent: u32) -> u64 {
+    u64::try_from(u128::from(bytes) * u128::from(percent) / 100).unwrap_or(u64::MAX)
+}
+
 /// The page of `items` that starts at `token` with at most `max` entries, and the next token.
 fn page<T>(items: Vec<T>, max: i32, token: &str) -> Result<(Vec<T>, String)> {
     if max < 0 {
@@ -298,10 +340,7 @@ impl Controller for ControllerService {
         &self,
         _: Request<GetCapacityRequest>,
     ) -> std::result::Result<Response<GetCapacityResponse>, Status> {
-        let stat = nix::sys::statvfs::statvfs(self.0.volumes.root())
-            .map_err(|e| Status::internal(format!("statvfs of the volume store: {e}")))?;
-        let available =
-            (stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64);
+        let available = self.headroom()?;
         Ok(Response::new(GetCapacityResponse {
             available_capacity: i64::try_from(available).unwrap_or(i64::MAX),
             maximum_volume_size: None,
@@ -378,6 +417,7 @@ impl Controller for ControllerService {
             current
         } else {
             let target = fit(required, limit)?;
+            self.admit(target - current)?;
             self.0.volumes.grow(&req.volume_id, target)?
         };
         tracing::info!(volume = %req.volume_id, capacity, "expanded volume");

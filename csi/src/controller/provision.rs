@@ -73,7 +73,8 @@ impl ControllerService {
                     (required, _) => required,
                 };
                 let capacity = fit(wanted, limit)?;
-                let staging = self.0.volumes.stage(&id)?;
+                self.admit(capacity)?;
+                let staging = self.0.volumes.stage(&id, capacity)?;
                 self.0.volumes.commit(staging, &meta, capacity)?;
                 tracing::info!(volume = %id, capacity, "created volume");
                 return Ok(self.volume_response(&meta, capacity));
@@ -168,7 +169,8 @@ impl ControllerService {
                     .format
                     .clone()
                     .unwrap_or_else(|| export::RAW.to_owned());
-                let staging = self.0.volumes.stage(&meta.id)?;
+                self.admit(capacity)?;
+                let staging = self.0.volumes.stage(&meta.id, capacity)?;
                 meta.backing_image = Some(image.clone());
                 let driver = Arc::clone(&self.0);
                 let job_meta = meta.clone();

@@ -26,6 +26,7 @@ pub struct Server {
     dir: tempfile::TempDir,
     socket: PathBuf,
     log: Option<PathBuf>,
+    args: Vec<String>,
 }
 
 impl Server {
@@ -36,21 +37,43 @@ impl Server {
     /// With `to_file`, the driver's stderr goes to a file ([`Server::log`]) instead of the
     /// test's.
     pub fn start_logging(to_file: bool) -> Server {
+        Server::start_full(to_file, None, &[])
+    }
+
+    /// With the store on a tmpfs of `size` (`mount -o size=`), so that its free space is
+    /// known and nothing else uses it, and `args` added to the command line.
+    pub fn start_on_tmpfs(size: &str, args: &[&str]) -> Server {
+        Server::start_full(false, Some(size), args)
+    }
+
+    fn start_full(to_file: bool, tmpfs: Option<&str>, args: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
+        if let Some(size) = tmpfs {
+            let store = dir.path().join("store");
+            fs::create_dir(&store).expect("store dir");
+            let mounted = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(&store)
+                .status()
+                .expect("run mount");
+            assert!(mounted.success(), "mount a tmpfs on {}", store.display());
+        }
         let socket = dir.path().join("csi.sock");
         let log = to_file.then(|| dir.path().join("driver.log"));
-        let child = Server::spawn(dir.path(), &socket, log.as_deref());
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let child = Server::spawn(dir.path(), &socket, log.as_deref(), &args);
         let server = Server {
             child,
             dir,
             socket,
             log,
+            args,
         };
         server.wait_for_socket();
         server
     }
 
-    fn spawn(dir: &Path, socket: &Path, log: Option<&Path>) -> Child {
+    fn spawn(dir: &Path, socket: &Path, log: Option<&Path>, args: &[String]) -> Child {
         let stderr = match log {
             Some(path) => Stdio::from(
                 fs::OpenOptions::new()
@@ -67,6 +90,7 @@ impl Server {
             .args(["--node-id", "node1"])
             .arg("--store")
             .arg(dir.join("store"))
+            .args(args)
             // A relative path the driver wrongly accepts lands in here, not in the test's
             // working directory.
             .current_dir(dir)
@@ -89,7 +113,12 @@ impl Server {
         let _ = self.child.kill();
         self.child.wait().expect("wait for layerfs-csi");
         let _ = fs::remove_file(&self.socket);
-        self.child = Server::spawn(self.dir.path(), &self.socket, self.log.as_deref());
+        self.child = Server::spawn(
+            self.dir.path(),
+            &self.socket,
+            self.log.as_deref(),
+            &self.args,
+        );
         self.wait_for_socket();
     }
 
