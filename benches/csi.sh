@@ -14,6 +14,8 @@
 #   IMAGE=1G         size of the downloaded image (random data)
 #   REPEAT=3         rounds; medians shown
 #   ONLY=            `export` or `download` to time only that row
+#   PUBLISH=1        publish the exported volume (Block) during its snapshot, as a pod would
+#                    have it, and report how long its writes were held for the cut; 0: not
 #   SCRATCH=/var/tmp/layerfs-csi-bench   scratch area (a per-run subdir is created and removed)
 #   LAYERFS_CSI=target/release/layerfs-csi   the driver (built if missing)
 set -euo pipefail
@@ -24,6 +26,7 @@ WRITTEN=${WRITTEN:-200}
 IMAGE=${IMAGE:-1G}
 REPEAT=${REPEAT:-3}
 ONLY=${ONLY:-}
+PUBLISH=${PUBLISH:-1}
 case $ONLY in '' | export | download) ;; *) echo "csi-bench: ONLY is export or download" >&2; exit 2 ;; esac
 SCRATCH=${SCRATCH:-/var/tmp/layerfs-csi-bench}
 LAYERFS_CSI=${LAYERFS_CSI:-$REPO/target/release/layerfs-csi}
@@ -66,7 +69,7 @@ start_driver() {
     local extra=()
     # Drivers before --allow-private-urls allowed loopback URLs without being told.
     "$LAYERFS_CSI" --help | grep -q -- --allow-private-urls && extra+=(--allow-private-urls)
-    RUST_LOG=warn "$LAYERFS_CSI" --endpoint "unix://$SOCKET" --node-id bench --store "$STORE" \
+    RUST_LOG=${RUST_LOG:-warn,layerfs_csi::cut=info} "$LAYERFS_CSI" --endpoint "unix://$SOCKET" --node-id bench --store "$STORE" \
         --backing-images "$IMAGES" --image-wait 1 "${extra[@]}" 2>"$RUN/driver.log" &
     DRIVER_PID=$!
     for _ in $(seq 200); do [ -S "$SOCKET" ] && return 0; sleep 0.05; done
@@ -98,8 +101,13 @@ export_csi=()
     sync
     sha512sum "$disk" >/dev/null # both start from a warm page cache
     export_sha+=("$(seconds sha512sum "$disk")")
+    if [ "$PUBLISH" = 1 ]; then
+        mkdir -p "$RUN/targets"
+        client publish "$vol" "$RUN/targets/$vol" >/dev/null
+    fi
     client snapshot "bench-snap-$round" "$vol" >"$RUN/took"
     export_csi+=("$(cat "$RUN/took")")
+    [ "$PUBLISH" = 1 ] && client unpublish "$vol" "$RUN/targets/$vol" >/dev/null
     log "export round $round: sha512sum ${export_sha[-1]}s, CreateSnapshot until ready ${export_csi[-1]}s"
 done
 
@@ -136,6 +144,16 @@ sha=$(printf '%s\n' "${export_sha[@]}" | median)
 exp=$(printf '%s\n' "${export_csi[@]}" | median)
 printf 'export  %s volume, %s MiB written: sha512sum %.3f s, CreateSnapshot raw until ready %.3f s, ratio %.2fx (target <= 1.2x)\n' \
     "$VOLUME" "$WRITTEN" "$sha" "$exp" "$(echo "$exp / $sha" | bc -l)"
+# How long a published volume's writers were held out while each cut was taken (the driver
+# logs it); a store with reflinks takes the cut without holding them.
+if grep -aq 'cut taken by reflink' "$RUN/driver.log"; then
+    echo 'export  cuts taken by reflink: writers were not held'
+elif [ "$PUBLISH" = 1 ]; then
+    pauses=$( (grep -ao 'pause_ms=[0-9.]*' "$RUN/driver.log" || true) | cut -d= -f2 | sort -n \
+        | xargs -r printf '%.0f ')
+    printf 'export  cut pauses of the published volume (writes held during the copy), ms: %s\n' \
+        "${pauses:-none logged}"
+fi
 fi
 [ "$ONLY" = export ] && exit 0
 curl_s=$(printf '%s\n' "${dl_curl[@]}" | median)

@@ -14,6 +14,8 @@ command -v fusermount3 >/dev/null || missing+=(fuse3)
 command -v mount >/dev/null || missing+=(mount)
 command -v qemu-img >/dev/null || missing+=(qemu-utils)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+# A CSI store with reflinks (csi/tests/point_in_time.rs).
+command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)
 command -v losetup >/dev/null || missing+=(util-linux)
 command -v setfacl >/dev/null || missing+=(acl)
 # A remote that stalls: a FUSE carrier to freeze, and sshfs to a test's own sshd.

@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! bench_client SOCKET create-volume NAME BYTES         # prints the volume id
+//! bench_client SOCKET publish VOLUME_ID TARGET         # NodePublish as a Block device
+//! bench_client SOCKET unpublish VOLUME_ID TARGET
 //! bench_client SOCKET snapshot NAME VOLUME_ID          # CreateSnapshot until ready_to_use
 //! bench_client SOCKET download IMAGE URL STATE_FILE    # until the image's state says ready
 //! ```
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use layerfs_csi::proto::controller_client::ControllerClient;
+use layerfs_csi::proto::node_client::NodeClient;
 use layerfs_csi::proto::volume_capability::access_mode::Mode;
 use layerfs_csi::proto::volume_capability::{AccessMode, AccessType, BlockVolume};
 use layerfs_csi::proto::volume_content_source::{SnapshotSource, Type as SourceType};
@@ -21,7 +24,7 @@ use tonic::Code;
 
 type Error = Box<dyn std::error::Error>;
 
-async fn connect(socket: PathBuf) -> Result<ControllerClient<Channel>, Error> {
+async fn connect(socket: PathBuf) -> Result<Channel, Error> {
     // The authority is arbitrary: the driver serves whatever `:authority` a client sends.
     let channel = Endpoint::try_from("http://[::]:50051")?
         .connect_with_connector(tower::service_fn(move |_: Uri| {
@@ -32,7 +35,16 @@ async fn connect(socket: PathBuf) -> Result<ControllerClient<Channel>, Error> {
             }
         }))
         .await?;
-    Ok(ControllerClient::new(channel))
+    Ok(channel)
+}
+
+fn block_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
 }
 
 fn volume_req(name: &str, bytes: i64, snapshot: Option<&str>) -> CreateVolumeRequest {
@@ -42,12 +54,7 @@ fn volume_req(name: &str, bytes: i64, snapshot: Option<&str>) -> CreateVolumeReq
             required_bytes: bytes,
             limit_bytes: 0,
         }),
-        volume_capabilities: vec![VolumeCapability {
-            access_type: Some(AccessType::Block(BlockVolume {})),
-            access_mode: Some(AccessMode {
-                mode: Mode::SingleNodeWriter as i32,
-            }),
-        }],
+        volume_capabilities: vec![block_cap()],
         volume_content_source: snapshot.map(|id| VolumeContentSource {
             r#type: Some(SourceType::Snapshot(SnapshotSource {
                 snapshot_id: id.into(),
@@ -60,13 +67,32 @@ fn volume_req(name: &str, bytes: i64, snapshot: Option<&str>) -> CreateVolumeReq
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: bench_client SOCKET (create-volume NAME BYTES | snapshot NAME VOLUME_ID | download IMAGE URL STATE_FILE)";
+    let usage = "usage: bench_client SOCKET (create-volume NAME BYTES | publish VOLUME_ID TARGET \
+                 | unpublish VOLUME_ID TARGET | snapshot NAME VOLUME_ID | download IMAGE URL STATE_FILE)";
     let (socket, command) = match args.as_slice() {
         [socket, command, ..] => (PathBuf::from(socket), command.as_str()),
         _ => return Err(usage.into()),
     };
-    let mut ctl = connect(socket).await?;
+    let channel = connect(socket).await?;
+    let mut ctl = ControllerClient::new(channel.clone());
+    let mut node = NodeClient::new(channel);
     match (command, &args[2..]) {
+        ("publish", [volume, target]) => {
+            node.node_publish_volume(NodePublishVolumeRequest {
+                volume_id: volume.clone(),
+                target_path: target.clone(),
+                volume_capability: Some(block_cap()),
+                ..Default::default()
+            })
+            .await?;
+        }
+        ("unpublish", [volume, target]) => {
+            node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: volume.clone(),
+                target_path: target.clone(),
+            })
+            .await?;
+        }
         ("create-volume", [name, bytes]) => {
             let volume = ctl
                 .create_volume(volume_req(name, bytes.parse()?, None))

@@ -170,7 +170,7 @@ fn copy(disk: &Path, dest: &Path, quiesce: &Quiesce, cancel: &Cancel) -> Result<
         .map_err(|e| CsiError::io(format!("creating {}", dest.display()), e))?;
     // SAFETY: FICLONE takes the source fd as its argument; both fds are open for the call.
     if unsafe { libc::ioctl(target.as_raw_fd(), FICLONE as _, source.as_raw_fd()) } == 0 {
-        tracing::debug!(disk = %disk.display(), "cut reflinked");
+        tracing::info!(disk = %disk.display(), "cut taken by reflink");
         return Ok(());
     }
     let cause = std::io::Error::last_os_error();

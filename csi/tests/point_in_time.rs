@@ -8,7 +8,7 @@
 //! stamp written to it up to that one; it holds every stamp acknowledged before
 //! CreateSnapshot was called and none started after it returned.
 //!
-//! Needs root (loop devices, mounts), `losetup`, `qemu-img`.
+//! Needs root (loop devices, mounts), `losetup`, `qemu-img`, `mkfs.ext4`, `mkfs.xfs`.
 
 mod common;
 
@@ -167,9 +167,24 @@ async fn read_published(c: &mut Clients, volume: &str, target: &Path) -> Vec<u8>
     bytes
 }
 
+/// On a store without reflinks (ext4): the cut is a copy with the volume's writes held.
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshots_of_a_block_volume_under_a_writer_are_each_one_instant() {
-    let server = Server::start();
+    let server = Server::start_on(StoreFs::Ext4(4 << 30));
+    snapshots_under_a_writer(&server, "cut taken with writes held").await;
+}
+
+/// On a store with reflinks (XFS): the cut is a FICLONE of the live disk, writers not held.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_on_a_reflink_store_under_a_writer_are_each_one_instant() {
+    let server = Server::start_on(StoreFs::XfsReflink(1 << 30));
+    snapshots_under_a_writer(&server, "cut taken by reflink").await;
+}
+
+/// Takes [`SNAPSHOTS`] snapshots under the stamped writer and checks each restores to one
+/// instant; every cut must have been taken the way `cut_log` (a line of the driver's log)
+/// says.
+async fn snapshots_under_a_writer(server: &Server, cut_log: &str) {
     let mut c = server.clients().await;
     let volume = c.volume(volume_req("written", SIZE, block_cap())).await;
     let target = server.path().join("pods/written");
@@ -229,4 +244,10 @@ async fn snapshots_of_a_block_volume_under_a_writer_are_each_one_instant() {
         .await
         .expect("unpublishing the volume");
     assert!(failures.is_empty(), "{failures:#?}");
+    let log = fs::read_to_string(server.log().expect("a driver log")).unwrap();
+    let cuts = log.lines().filter(|l| l.contains(cut_log)).count();
+    assert_eq!(
+        cuts, SNAPSHOTS as usize,
+        "cuts logged as {cut_log:?}:\n{log}"
+    );
 }

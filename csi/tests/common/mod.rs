@@ -43,20 +43,18 @@ impl Server {
     /// With the store on a tmpfs of `size` (`mount -o size=`), so that its free space is
     /// known and nothing else uses it, and `args` added to the command line.
     pub fn start_on_tmpfs(size: &str, args: &[&str]) -> Server {
-        Server::start_full(false, Some(size), args)
+        Server::start_full(false, Some(StoreFs::Tmpfs(size)), args)
     }
 
-    fn start_full(to_file: bool, tmpfs: Option<&str>, args: &[&str]) -> Server {
+    /// With the store on a filesystem of its own, logging to a file.
+    pub fn start_on(fs: StoreFs<'_>) -> Server {
+        Server::start_full(true, Some(fs), &[])
+    }
+
+    fn start_full(to_file: bool, store_fs: Option<StoreFs<'_>>, args: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
-        if let Some(size) = tmpfs {
-            let store = dir.path().join("store");
-            fs::create_dir(&store).expect("store dir");
-            let mounted = Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(&store)
-                .status()
-                .expect("run mount");
-            assert!(mounted.success(), "mount a tmpfs on {}", store.display());
+        if let Some(store_fs) = store_fs {
+            store_fs.mount_at(dir.path(), &dir.path().join("store"));
         }
         let socket = dir.path().join("csi.sock");
         let log = to_file.then(|| dir.path().join("driver.log"));
@@ -148,6 +146,49 @@ impl Server {
             ctl: ControllerClient::new(channel.clone()),
             node: NodeClient::new(channel),
         }
+    }
+}
+
+/// A filesystem of its own for a driver's store.
+#[derive(Debug, Clone, Copy)]
+pub enum StoreFs<'a> {
+    /// A tmpfs of this size (`mount -o size=`).
+    Tmpfs(&'a str),
+    /// ext4 on a sparse image of this many bytes: no reflinks, cuts are copies.
+    Ext4(u64),
+    /// XFS with reflinks, on a sparse image of this many bytes: cuts are taken by FICLONE.
+    XfsReflink(u64),
+}
+
+impl StoreFs<'_> {
+    /// Mounts it at `store`, with any image file in `dir`; [`cleanup_under`] undoes both.
+    fn mount_at(self, dir: &Path, store: &Path) {
+        fs::create_dir(store).expect("store dir");
+        let mut mount = Command::new("mount");
+        match self {
+            StoreFs::Tmpfs(size) => {
+                mount.args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]);
+            }
+            StoreFs::Ext4(bytes) | StoreFs::XfsReflink(bytes) => {
+                let image = dir.join("store.img");
+                fs::File::create(&image)
+                    .and_then(|f| f.set_len(bytes))
+                    .expect("store image");
+                let mkfs: &[&str] = match self {
+                    StoreFs::Ext4(_) => &["mkfs.ext4", "-q", "-F"],
+                    _ => &["mkfs.xfs", "-q", "-f", "-m", "reflink=1"],
+                };
+                let made = Command::new(mkfs[0])
+                    .args(&mkfs[1..])
+                    .arg(&image)
+                    .status()
+                    .unwrap_or_else(|e| panic!("run {}: {e}", mkfs[0]));
+                assert!(made.success(), "{} {}", mkfs[0], image.display());
+                mount.args(["-o", "loop"]).arg(&image);
+            }
+        }
+        let mounted = mount.arg(store).status().expect("run mount");
+        assert!(mounted.success(), "mount {self:?} on {}", store.display());
     }
 }
 
