@@ -20,6 +20,53 @@ pub struct Args {
     pub fstype: Option<String>,
 }
 
+/// What the helper was asked to do.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Call {
+    Mount(Args),
+    /// `--help` or `-h`: the usage and every mount option.
+    Help,
+    /// `--version` or `-V`.
+    Version,
+}
+
+/// `mount.layerfs --help`: mount(8) never passes it; a person does.
+pub fn help() -> String {
+    format!(
+        "{USAGE}\n\n\
+         Mounts layerfs: the read-only layer tree REMOTE under a local read-write layer, at\n\
+         MOUNTPOINT. mount(8) runs it for `mount -t layerfs` and /etc/fstab lines of type layerfs.\n\n\
+         flags (as mount(8) passes them):\n\
+         \x20 -o OPTIONS   comma-separated mount options (below); mount(8)'s own, such as\n\
+         \x20              defaults, nofail, _netdev or x-systemd.*, are ignored\n\
+         \x20 -s           ignore options layerfs does not know instead of failing\n\
+         \x20 -f           check everything, mount nothing\n\
+         \x20 -n           accepted (layerfs writes no /etc/mtab)\n\
+         \x20 -v           say what is mounted\n\
+         \x20 -N NS        mount in another mount namespace (a path or a pid)\n\
+         \x20 -t TYPE      layerfs or fuse.layerfs\n\
+         \x20 -o remount,… change a running mount's options that can change live\n\n\
+         {}\n\
+         Exit status: 0 when mounted, 32 when mounting failed (the reason is on stderr).",
+        layerfs::config::options::help().trim_end()
+    )
+}
+
+const USAGE: &str =
+    "usage: mount.layerfs REMOTE MOUNTPOINT [-sfnv] [-N NAMESPACE] [-o OPTIONS] [-t TYPE]";
+
+pub fn parse_call(argv: &[String]) -> Result<Call, String> {
+    match argv {
+        [flag] if flag == "--help" || flag == "-h" => Ok(Call::Help),
+        [flag] if flag == "--version" || flag == "-V" => Ok(Call::Version),
+        _ if argv.iter().any(|a| a.starts_with("--")) => {
+            let flag = argv.iter().find(|a| a.starts_with("--")).unwrap();
+            Err(format!("unknown flag {flag}; {USAGE} (or --help)"))
+        }
+        _ => parse(argv).map(Call::Mount),
+    }
+}
+
 pub fn parse(argv: &[String]) -> Result<Args, String> {
     let mut args = Args::default();
     let mut positional = Vec::new();
@@ -67,11 +114,7 @@ pub fn parse(argv: &[String]) -> Result<Args, String> {
             args.source = PathBuf::from(source);
             args.mountpoint = PathBuf::from(mountpoint);
         }
-        _ => {
-            return Err(
-                "usage: mount.layerfs REMOTE MOUNTPOINT [-sfnv] [-N NAMESPACE] [-o OPTIONS]".into(),
-            )
-        }
+        _ => return Err(format!("{USAGE} (or --help)")),
     }
     if let Some(t) = &args.fstype {
         if t != "layerfs" && t != "fuse.layerfs" {
@@ -114,6 +157,22 @@ mod tests {
     fn every_foreign_option_is_dropped() {
         let a = parse(&argv("r m -o defaults,nofail,_netdev,auto,noauto,user,users,comment=a=b,x-mount.mkdir,user=bob,ro")).unwrap();
         assert_eq!(a.options, vec!["ro"]);
+    }
+
+    #[test]
+    fn help_and_version_are_asked_alone() {
+        assert_eq!(parse_call(&argv("--help")), Ok(Call::Help));
+        assert_eq!(parse_call(&argv("-h")), Ok(Call::Help));
+        assert_eq!(parse_call(&argv("--version")), Ok(Call::Version));
+        assert!(parse_call(&argv("r m --bogus"))
+            .unwrap_err()
+            .contains("--bogus"));
+        assert!(matches!(parse_call(&argv("r m -o ro")), Ok(Call::Mount(_))));
+        let help = help();
+        assert!(
+            help.contains("usage: mount.layerfs") && help.contains("local="),
+            "{help}"
+        );
     }
 
     #[test]

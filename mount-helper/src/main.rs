@@ -26,7 +26,17 @@ fn main() -> ExitCode {
 }
 
 fn run(argv: &[String]) -> Result<(), String> {
-    let args = args::parse(argv)?;
+    let args = match args::parse_call(argv)? {
+        args::Call::Mount(args) => args,
+        args::Call::Help => {
+            println!("{}", args::help());
+            return Ok(());
+        }
+        args::Call::Version => {
+            println!("mount.layerfs {}", env!("CARGO_PKG_VERSION"));
+            return Ok(());
+        }
+    };
     if let Some(ns) = &args.namespace {
         enter_mount_namespace(ns)?;
     }
