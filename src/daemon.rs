@@ -37,10 +37,12 @@ impl Readiness {
         }
     }
 
-    /// Tells the waiting parent why mounting failed.
-    pub fn failed(&mut self, reason: &str) {
-        if let Some(mut pipe) = self.pipe.take() {
-            let _ = writeln!(pipe, "{reason}");
+    /// Tells the waiting parent why mounting failed; `false` when there is no parent
+    /// waiting (in the foreground, or once the mount was live).
+    pub fn failed(&mut self, reason: &str) -> bool {
+        match self.pipe.take() {
+            Some(mut pipe) => writeln!(pipe, "{reason}").is_ok(),
+            None => false,
         }
     }
 }

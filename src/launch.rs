@@ -6,8 +6,9 @@
 //!    local tree against a second daemon.
 //! 2. Detach (unless in the foreground): the command returns only once the mount is live,
 //!    with `failure_code` if it never becomes so (mount(8) wants 32 from its helpers).
-//! 3. Log: to stderr in the foreground; detached, to the journal when there is one (and
-//!    warnings to stderr until the daemon lets go of the terminal), or to `log_file`.
+//! 3. Log: to stderr in the foreground; detached, to `log_file`, else the journal when there
+//!    is one, else a default file (`logging`), and warnings to stderr until the daemon lets
+//!    go of the terminal. A startup error is printed once, by whoever is on the terminal.
 //! 4. Serve until unmounted, telling systemd (`Type=notify`) once the mount is live.
 
 use crate::config::MountConfig;
@@ -31,8 +32,17 @@ pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
     crate::logging::init(&config);
     let result = crate::mount::serve(&config, &mut readiness);
     if let Err(e) = &result {
+        // Said once on the terminal: by the caller in the foreground, else by the waiting
+        // parent; the log records it too.
+        if config.foreground {
+            if config.log_file.is_some() {
+                tracing::error!(error = %e, "mount failed");
+            }
+            return result;
+        }
         readiness.failed(&e.to_string());
-        tracing::error!(error = %e, "mount failed");
+        tracing::error!(target: crate::logging::STARTUP_FAILURE, error = %e, "mount failed");
+        std::process::exit(failure_code);
     }
     result
 }

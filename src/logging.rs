@@ -1,6 +1,12 @@
 //! The daemon's log: where it goes, at what level, and changing that level while mounted.
+//!
+//! In the foreground it goes to stderr. Detached, it goes to `log_file` when one is given,
+//! else to the journal when there is one, else to [`default_file`]: a detached daemon never
+//! throws its log away. `layerfs status` says which ([`destination`]).
 
+use std::fmt;
 use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -56,53 +62,155 @@ where
     layer
 }
 
+/// Where the daemon's log goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    Stderr,
+    Journal,
+    File(PathBuf),
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Destination::Stderr => f.write_str("stderr"),
+            Destination::Journal => f.write_str("the journal (journalctl -t layerfs)"),
+            Destination::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+static DESTINATION: std::sync::OnceLock<Destination> = std::sync::OnceLock::new();
+
+/// Where this daemon's log goes, once logging is up.
+pub fn destination() -> Option<&'static Destination> {
+    DESTINATION.get()
+}
+
+/// The log file of a detached daemon that has neither `log_file` nor a journal: under
+/// `/var/log/layerfs` for root, else under the user's state directory, named after the
+/// mountpoint as systemd names mount units (`/mnt/layers` → `mnt-layers.log`).
+pub fn default_file(mountpoint: &Path) -> PathBuf {
+    let name = mountpoint
+        .to_string_lossy()
+        .trim_matches('/')
+        .replace('-', "\\x2d")
+        .replace('/', "-");
+    let name = if name.is_empty() {
+        "-".to_owned()
+    } else {
+        name
+    };
+    let dir = if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/var/log/layerfs")
+    } else {
+        std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local/state")))
+            .unwrap_or_else(std::env::temp_dir)
+            .join("layerfs")
+    };
+    dir.join(format!("{name}.log"))
+}
+
 /// Starts the daemon's log where the configuration says (step 3 of starting a mount, in `launch`).
 pub fn init(config: &MountConfig) {
     let mut handles = Vec::new();
-    init_layers(config, &mut handles);
+    let destination = init_layers(config, &mut handles);
     let _ = RELOAD.set(handles);
+    let _ = DESTINATION.set(destination);
 }
 
-fn init_layers(config: &MountConfig, handles: &mut Vec<Reload>) {
+/// The target of startup failures a detached daemon logs: the command that started it
+/// prints them (from the readiness pipe), so they must not also reach its terminal here.
+pub const STARTUP_FAILURE: &str = "layerfs::startup";
+
+fn init_layers(config: &MountConfig, handles: &mut Vec<Reload>) -> Destination {
     let registry = tracing_subscriber::registry();
-    if let Some(path) = &config.log_file {
-        match std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            Ok(file) => {
-                let layer = tracing_subscriber::fmt::layer()
-                    .with_ansi(false)
-                    .with_writer(std::sync::Mutex::new(file))
-                    .with_filter(reloadable(filter(config, "info"), handles));
-                let _ = registry.with(layer).try_init();
-                return;
-            }
-            Err(e) => eprintln!(
-                "layerfs: log file {}: {e}; logging to stderr",
-                path.display()
-            ),
-        }
-    }
     let ansi = std::io::stderr().is_terminal();
-    if config.foreground {
+    if config.foreground && config.log_file.is_none() {
         let layer = tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
             .with_writer(std::io::stderr)
             .with_filter(reloadable(filter(config, "info"), handles));
         let _ = registry.with(layer).try_init();
-        return;
+        return Destination::Stderr;
     }
-    // Detached: only warnings reach the terminal the command returns to (and nothing once
-    // stderr is /dev/null); the full log goes to the journal where there is one.
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .with_filter(filter(config, "warn"));
-    let journal = tracing_journald::layer().ok().map(|j| {
-        j.with_syslog_identifier("layerfs".into())
-            .with_filter(reloadable(filter(config, "info"), handles))
+    // Detached: only warnings reach the terminal the command returns to, until the daemon
+    // lets go of it; startup failures not even those (see STARTUP_FAILURE).
+    let stderr = (!config.foreground).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+            .with_filter(filter(config, "warn"))
+            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                meta.target() != STARTUP_FAILURE
+            }))
     });
-    let _ = registry.with(stderr).with(journal).try_init();
+    let journal = if config.log_file.is_none() {
+        tracing_journald::layer().ok()
+    } else {
+        None
+    };
+    if let Some(journal) = journal {
+        let journal = journal
+            .with_syslog_identifier("layerfs".into())
+            .with_filter(reloadable(filter(config, "info"), handles));
+        let _ = registry.with(stderr).with(journal).try_init();
+        return Destination::Journal;
+    }
+    let path = config
+        .log_file
+        .clone()
+        .unwrap_or_else(|| default_file(&config.mountpoint));
+    let opened = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+        });
+    match opened {
+        Ok(file) => {
+            let layer = tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .with_filter(reloadable(filter(config, "info"), handles));
+            let _ = registry.with(stderr).with(layer).try_init();
+            Destination::File(path)
+        }
+        Err(e) => {
+            eprintln!(
+                "layerfs: log file {}: {e}; logging to stderr",
+                path.display()
+            );
+            let layer = tracing_subscriber::fmt::layer()
+                .with_ansi(ansi)
+                .with_writer(std::io::stderr)
+                .with_filter(reloadable(filter(config, "info"), handles));
+            let _ = registry.with(layer).try_init();
+            Destination::Stderr
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_file_is_named_after_the_mountpoint_as_systemd_names_units() {
+        let name = |m: &str| {
+            default_file(Path::new(m))
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        };
+        assert_eq!(name("/mnt/layers"), "mnt-layers.log");
+        assert_eq!(name("/var/lib/my-store/"), "var-lib-my\\x2dstore.log");
+        assert_eq!(name("/"), "-.log");
+    }
 }

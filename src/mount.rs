@@ -285,8 +285,12 @@ fn expose_when_served(
                 }
             }
             Err(e) => {
-                readiness.failed(&e.to_string());
-                tracing::error!(error = %e, "exposing the view failed; unmounting");
+                if readiness.failed(&e.to_string()) {
+                    tracing::error!(target: crate::logging::STARTUP_FAILURE, error = %e,
+                        "exposing the view failed; unmounting");
+                } else {
+                    tracing::error!(error = %e, "exposing the view failed; unmounting");
+                }
                 *failed.lock() = Some(e);
                 if let Err(e) = nix::mount::umount2(&mountpoint, nix::mount::MntFlags::MNT_DETACH)
                 {
@@ -331,6 +335,7 @@ impl MountControl for Control {
         status.quotas = self.view.quota_list();
         let ring = self.ring.load(Ordering::Relaxed);
         status.transport = Some(if ring { "io_uring" } else { "/dev/fuse" }.to_owned());
+        status.log = crate::logging::destination().map(|d| d.to_string());
         status
     }
     fn refresh(&self) -> RoundReport {

@@ -100,6 +100,9 @@ pub struct Status {
     /// How requests reach the daemon: `io_uring` or `/dev/fuse` (filled in by the mount).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transport: Option<String>,
+    /// Where the daemon's log goes: `the journal`, `stderr`, or a file's path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
 }
 
 /// A layer as `layerfs layers` lists it.

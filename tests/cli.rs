@@ -58,12 +58,16 @@ fn run_mount(args: &[OsString], mnt: &Path) -> Output {
         .expect("run layerfs")
 }
 
+/// The mount's arguments; the daemon logs next to `local`, not to the host's log directory.
 fn args(remote: &Path, local: &Path, mnt: &Path, extra: &[&str]) -> Vec<OsString> {
+    let log = local.with_file_name("daemon.log");
     let mut v: Vec<OsString> = vec![
         "--remote".into(),
         remote.into(),
         "--local".into(),
         local.into(),
+        "-o".into(),
+        format!("log_file={}", log.display()).into(),
     ];
     v.extend(extra.iter().map(OsString::from));
     v.push(mnt.into());
@@ -190,6 +194,67 @@ fn bad_options_are_named_in_the_error() {
     ] {
         let out = run_mount(&args(&d.remote, &d.local, &d.mnt, extra), &d.mnt);
         assert_startup_error(&out, &d.mnt, needles);
+    }
+}
+
+/// An error met after the command has detached (here: the metrics port is taken) is printed
+/// once, by the command, not also by the daemon's log and its exit (it was three times).
+#[test]
+fn an_error_after_detaching_is_printed_once() {
+    let d = dirs();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics = format!("metrics={}", taken.local_addr().unwrap());
+    let out = run_mount(
+        &args(&d.remote, &d.local, &d.mnt, &["-o", &metrics]),
+        &d.mnt,
+    );
+    assert_startup_error(&out, &d.mnt, &[&metrics, "in use"]);
+}
+
+/// A detached daemon without `log_file` logs to the journal when there is one, else to a
+/// file named after the mountpoint; `status` says where, and the file holds the log.
+#[test]
+fn a_detached_daemon_says_where_it_logs() {
+    let mut m = Mount::with(
+        Options {
+            foreground: false,
+            host_log: true,
+            ..Options::default()
+        },
+        |_| {},
+    );
+    let out = Command::new(BIN)
+        .arg("status")
+        .arg(&m.mnt)
+        .output()
+        .expect("layerfs status");
+    let status = String::from_utf8_lossy(&out.stdout).into_owned();
+    let log = status
+        .lines()
+        .find_map(|l| l.strip_prefix("log"))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no log line in status:\n{status}"))
+        .to_owned();
+    let journal = Path::new("/run/systemd/journal/socket").exists();
+    if journal {
+        assert!(log.contains("journal"), "{log}");
+    } else {
+        let file = PathBuf::from(&log);
+        let mnt = m
+            .mnt
+            .to_string_lossy()
+            .trim_matches('/')
+            .replace('-', "\\x2d")
+            .replace('/', "-");
+        assert!(
+            log.ends_with(&format!("{mnt}.log")),
+            "{log} for {}",
+            m.mnt.display()
+        );
+        let text = fs::read_to_string(&file).unwrap_or_else(|e| panic!("{log}: {e}"));
+        assert!(text.contains("INFO"), "{text}");
+        m.unmount();
+        let _ = fs::remove_file(&file);
     }
 }
 

@@ -86,6 +86,7 @@ impl MountControl for Fake {
             quotas: Vec::new(),
             metrics: None,
             transport: None,
+            log: None,
         }
     }
     fn refresh(&self) -> RoundReport {

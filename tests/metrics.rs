@@ -239,7 +239,10 @@ fn an_address_in_use_fails_the_mount_and_names_the_option() {
         .arg("--local")
         .arg(&local)
         .arg("-o")
-        .arg(format!("metrics={addr}"))
+        .arg(format!(
+            "metrics={addr},log_file={}",
+            dir.path().join("daemon.log").display()
+        ))
         .arg(&mnt)
         .stdin(Stdio::null())
         .output()

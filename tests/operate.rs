@@ -55,7 +55,11 @@ impl Dirs {
             "--local".into(),
             self.local.clone().into(),
             "-o".into(),
-            "allow_other".into(),
+            format!(
+                "allow_other,log_file={}",
+                self.local.with_file_name("daemon.log").display()
+            )
+            .into(),
         ];
         v.extend(extra.iter().map(OsString::from));
         v.push(mnt.into());

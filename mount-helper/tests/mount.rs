@@ -97,7 +97,11 @@ impl Trees {
             .arg(&self.remote)
             .arg(&self.mnt)
             .arg("-o")
-            .arg(format!("local={},allow_other", self.local.display()))
+            .arg(format!(
+                "local={},allow_other,log_file={}",
+                self.local.display(),
+                self.dir.path().join("daemon.log").display()
+            ))
             .args(extra)
             .output()
             .unwrap()
@@ -157,10 +161,11 @@ fn an_fstab_line_works_with_mount_a_and_by_mountpoint() {
     fs::write(
         &fstab,
         format!(
-            "# a comment\n{} {} layerfs local={},_netdev,nofail,x-systemd.requires=network.target,allow_other 0 0\n",
+            "# a comment\n{} {} layerfs local={},_netdev,nofail,x-systemd.requires=network.target,allow_other,log_file={} 0 0\n",
             t.remote.display(),
             t.mnt.display(),
-            t.local.display()
+            t.local.display(),
+            t.dir.path().join("daemon.log").display()
         ),
     )
     .unwrap();
@@ -204,7 +209,11 @@ fn fuse_dot_layerfs_is_the_same_helper() {
         .arg(&t.remote)
         .arg(&t.mnt)
         .arg("-o")
-        .arg(format!("local={}", t.local.display()))
+        .arg(format!(
+            "local={},log_file={}",
+            t.local.display(),
+            t.dir.path().join("daemon.log").display()
+        ))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));

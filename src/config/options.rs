@@ -318,8 +318,8 @@ pub const OPTIONS: &[MountOption] = &[
     MountOption {
         usage: "log_file=PATH",
         flag: None,
-        meaning: "where a detached daemon logs",
-        default: "the journal",
+        meaning: "where a detached daemon logs (`layerfs status` says where it does)",
+        default: "the journal, else /var/log/layerfs/<mountpoint>.log",
         keys: &["log_file"],
         takes_value: true,
         apply: |c, g| {

@@ -283,6 +283,7 @@ mod tests {
                 quotas: Vec::new(),
                 metrics: None,
                 transport: None,
+                log: None,
             }
         }
         fn refresh(&self) -> RoundReport {

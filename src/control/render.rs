@@ -49,6 +49,9 @@ pub fn status(s: &Status, now: f64) -> String {
     if let Some(transport) = &s.transport {
         line("requests", &format!("through {transport}"));
     }
+    if let Some(log) = &s.log {
+        line("log", log);
+    }
     let interval = if s.refresh_interval_secs > 0.0 {
         format!("every {}", seconds(s.refresh_interval_secs))
     } else {
@@ -466,7 +469,21 @@ mod tests {
             quotas: Vec::new(),
             metrics: None,
             transport: Some("/dev/fuse".into()),
+            log: None,
         }
+    }
+
+    #[test]
+    fn status_shows_where_the_log_goes() {
+        let s = Status {
+            log: Some("/var/log/layerfs/mnt-layers.log".into()),
+            ..status_view()
+        };
+        let text = status(&s, T0 + 12.0);
+        assert!(
+            text.contains("\nlog         /var/log/layerfs/mnt-layers.log\n"),
+            "{text}"
+        );
     }
 
     #[test]

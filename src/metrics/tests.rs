@@ -77,6 +77,7 @@ impl Fake {
                 }],
                 metrics: None,
                 transport: None,
+                log: None,
             }),
         })
     }

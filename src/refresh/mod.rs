@@ -258,6 +258,7 @@ impl RefreshHandle {
             quotas: Vec::new(),
             metrics: None,
             transport: None,
+            log: None,
         }
     }
 

@@ -53,6 +53,9 @@ pub struct Options {
     pub args: Vec<String>,
     /// Run in the foreground (`-f`) as a child of the test; otherwise daemonize.
     pub foreground: bool,
+    /// A daemonized mount logs to `daemon.log` in the test's temp dir, not to the host's
+    /// journal or log directory, unless this is set or `opts` name a `log_file`.
+    pub host_log: bool,
 }
 
 impl Default for Options {
@@ -61,6 +64,7 @@ impl Default for Options {
             opts: String::new(),
             args: Vec::new(),
             foreground: true,
+            host_log: false,
         }
     }
 }
@@ -112,6 +116,14 @@ impl Mount {
     }
 
     pub fn mount(&mut self, options: &Options) {
+        let mut opts = String::from("allow_other");
+        if !options.opts.is_empty() {
+            opts = format!("{opts},{}", options.opts);
+        }
+        if !options.foreground && !options.host_log && !opts.contains("log_file=") {
+            let log = self.dir.path().join("daemon.log");
+            opts = format!("{opts},log_file={}", log.display());
+        }
         let mut cmd = Command::new(BIN);
         cmd.arg("mount")
             .arg("--remote")
@@ -119,11 +131,7 @@ impl Mount {
             .arg("--local")
             .arg(&self.local)
             .arg("-o")
-            .arg(format!(
-                "allow_other{}{}",
-                if options.opts.is_empty() { "" } else { "," },
-                options.opts
-            ))
+            .arg(opts)
             .args(&options.args);
         if options.foreground {
             cmd.arg("-f");
