@@ -184,6 +184,11 @@ fn exercise(m: &Mount, ring: bool) {
 #[test]
 fn the_ring_serves_what_dev_fuse_serves() {
     let Some(_offered) = RingOffered::turn_on() else {
+        missing_capability(
+            "io_uring",
+            "the kernel has no FUSE over io_uring (no enable_uring parameter): only the \
+             fallback to /dev/fuse is checked",
+        );
         // A kernel without the transport: asking for it must not cost the mount.
         let m = Mount::with(
             Options {

@@ -2075,6 +2075,12 @@ fn an_unlinked_open_file_stays_limited_after_renames_elsewhere() {
 fn a_file_open_with_passthrough_cannot_be_renamed_into_a_root() {
     let m = mount();
     let passthrough = passthrough_in_use(&m, "probe");
+    if !passthrough {
+        missing_capability(
+            "passthrough",
+            "FUSE passthrough is not available: only the rename without it is checked",
+        );
+    }
     let q = root(&m, "q", "8M", &[]);
     let base = used(&m, "overlay/q");
     let out = m.path("overlay/out");
@@ -2371,14 +2377,17 @@ fn released(m: &Mount, rel: &str) {
     eventually(10, &format!("the daemon to close {rel}"), || opens() == 0);
 }
 
-/// A fixture mount where files get FUSE passthrough; `None` (and a note) where the kernel
-/// offers none, which leaves nothing to check.
+/// A fixture mount where files get FUSE passthrough; `None` where the kernel offers none,
+/// which leaves nothing to check ([`missing_capability`]).
 fn passthrough_mount() -> Option<Mount> {
     let m = mount();
     if passthrough_in_use(&m, "probe") {
         return Some(m);
     }
-    eprintln!("skipped: FUSE passthrough is not available on this kernel");
+    missing_capability(
+        "passthrough",
+        "FUSE passthrough is not available on this kernel",
+    );
     None
 }
 

@@ -97,6 +97,7 @@ fn writer(m: &mut Mount, ops: Vec<Op>) {
     let out = Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "writer_host_process",
+            "--ignored",
             "--exact",
             "--nocapture",
             "--test-threads=1",
@@ -115,8 +116,10 @@ fn writer(m: &mut Mount, ops: Vec<Op>) {
     m.accept_remote_changes();
 }
 
-/// The writer host's side: does nothing unless run as a writer process by [`writer`].
+/// The writer host's side, a subprocess entry point and not a test: [`writer`] runs this
+/// binary again with `--ignored --exact writer_host_process`.
 #[test]
+#[ignore = "a subprocess entry point, run by the writer scenarios"]
 fn writer_host_process() {
     let (Ok(ops), Ok(root)) = (std::env::var(WRITER_OPS), std::env::var(WRITER_ROOT)) else {
         return;

@@ -24,7 +24,7 @@
 //! directories through the view (as left, after dropping the kernel caches, and after a
 //! remount) and compares it with the models the workers left outside the mount.
 //!
-//! Workers are this test binary run again (`--exact stress_worker`) with
+//! Workers are this test binary run again (`--ignored --exact stress_worker`) with
 //! `LAYERFS_STRESS_WORKER` set; without it `stress_worker` does nothing.
 //!
 //! Knobs (environment):
@@ -274,8 +274,10 @@ struct Worker {
     backing: Option<Backing>,
 }
 
-/// The worker: does nothing unless started by a scenario.
+/// The worker, a subprocess entry point and not a test: the scenarios run this binary again
+/// with `--ignored --exact stress_worker`.
 #[test]
+#[ignore = "a subprocess entry point, run by the stress scenarios"]
 fn stress_worker() {
     let Ok(dir) = std::env::var(ENV_WORKER) else {
         return;
@@ -1427,6 +1429,7 @@ fn run_scenario(name: &str, shared: bool) {
         let log = fs::File::create(out.join(format!("w{i}.log"))).unwrap();
         let mut cmd = Command::new(&exe);
         cmd.args([
+            "--ignored",
             "--exact",
             "stress_worker",
             "--nocapture",

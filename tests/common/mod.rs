@@ -961,6 +961,22 @@ pub fn processes_with_arg(arg: &Path) -> Vec<u32> {
     pids
 }
 
+/// Says a test cannot check what it is for because the host lacks `capability`, and lets it
+/// skip; unless `LAYERFS_TEST_REQUIRE` (a comma-separated list such as
+/// `passthrough,io_uring`, or `all`) names it, which makes the absence a failure. CI sets
+/// it, so a host without the capability cannot pass for one with it.
+pub fn missing_capability(capability: &str, why: &str) {
+    let required = std::env::var("LAYERFS_TEST_REQUIRE").unwrap_or_default();
+    if required
+        .split(',')
+        .map(str::trim)
+        .any(|c| c == capability || c == "all")
+    {
+        panic!("{why}, and LAYERFS_TEST_REQUIRE requires {capability}");
+    }
+    eprintln!("skipped: {why} (LAYERFS_TEST_REQUIRE={capability} makes this a failure)");
+}
+
 const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// Turns the kernel's offer of FUSE over io_uring on for as long as it lives. Mounts that do
