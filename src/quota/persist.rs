@@ -5,7 +5,7 @@
 //! the old registry or the new one. Usage is saved too, but only to be compared at mount:
 //! the count that counts is recomputed from disk ([`super::scan`]).
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
@@ -18,7 +18,14 @@ use crate::store;
 
 /// The registry's name in local's root (the view hides it: `store::reserved::REGISTRY_NAME`).
 pub const REGISTRY: &CStr = c".layerfs-quota.json";
-const REGISTRY_TEMP: &CStr = c".layerfs-tmp.quota.json";
+
+/// The name the registry is written under before it is renamed into place: one of the view's
+/// temporary names (`store::reserved::temp_prefix`), so that no user file can have it and a
+/// crash before the rename leaves nothing the view shows.
+fn registry_temp() -> CString {
+    let name = [store::reserved::temp_prefix(), b"quota.json"].concat();
+    CString::new(name).expect("temporary names hold no NUL")
+}
 /// A registry larger than this is not ours.
 const MAX_REGISTRY: u64 = 64 << 20;
 
@@ -74,9 +81,10 @@ pub fn load(local: BorrowedFd<'_>) -> Result<Registry, RegistryError> {
 pub fn save(local: BorrowedFd<'_>, registry: &Registry) -> Result<(), RegistryError> {
     let mut text = serde_json::to_vec_pretty(registry)?;
     text.push(b'\n');
+    let temp = registry_temp();
     let fd = store::open_at(
         local,
-        REGISTRY_TEMP,
+        temp.as_c_str(),
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
         0o600,
     )?;
@@ -84,7 +92,7 @@ pub fn save(local: BorrowedFd<'_>, registry: &Registry) -> Result<(), RegistryEr
     file.write_all(&text)?;
     file.sync_all()?;
     drop(file);
-    nix::fcntl::renameat(local, REGISTRY_TEMP, local, REGISTRY)?;
+    nix::fcntl::renameat(local, temp.as_c_str(), local, REGISTRY)?;
     let dir = store::reopen(local, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
     nix::unistd::fsync(dir.as_fd())?;
     Ok(())
@@ -93,6 +101,16 @@ pub fn save(local: BorrowedFd<'_>, registry: &Registry) -> Result<(), RegistryEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_registry_is_written_under_a_reserved_temporary_name() {
+        store::reserved::tag_temp_names(0x5eed);
+        let temp = registry_temp();
+        assert!(
+            store::reserved::is_reserved_name(temp.to_bytes()),
+            "{temp:?} is not reserved: a crash before its rename would leave it in the view"
+        );
+    }
 
     #[test]
     fn saves_and_loads_back() {
