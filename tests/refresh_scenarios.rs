@@ -186,7 +186,7 @@ fn sha256_hex(data: &[u8]) -> String {
     format!("{:x}", Sha256::digest(data))
 }
 
-/// A remote layer as a writer host lays it out (ISULAD-FORMAT §1.3, §1.4).
+/// A remote layer as a writer host lays it out (DESIGN §4.1).
 #[derive(Debug, Clone)]
 struct Layer {
     label: String,
@@ -430,7 +430,7 @@ impl Layer {
     }
 }
 
-/// A remote image as a writer host lays it out (ISULAD-FORMAT §1.5).
+/// A remote image as a writer host lays it out (DESIGN §4.1).
 #[derive(Debug, Clone)]
 struct Image {
     label: String,
