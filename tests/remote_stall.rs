@@ -476,6 +476,13 @@ fn local_name_notices_go_on_while_a_remote_lookup_is_stuck() {
     let shared = s.path(&format!("overlay/RO/{}/diff", id("L1")));
     let beside = shared.join("local-beside-remote");
     fs::write(&beside, "local\n").unwrap();
+    // The kernel may drop names nobody uses at any time (another test's drop_caches does);
+    // the way to the file must stay known, or its walk itself waits on the frozen remote
+    // to look up the layer's directory again. Open, they stay.
+    let _pinned = (
+        fs::File::open(&shared).unwrap(),
+        fs::File::open(&beside).unwrap(),
+    );
     let mut stuck = s.freeze_with_a_lookup_stuck_in(&shared);
     let acl = live(
         "an ACL set on a local file beside the stuck lookup",
