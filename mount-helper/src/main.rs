@@ -78,7 +78,8 @@ fn remount(args: &args::Args) -> Result<(), String> {
     if args.fake {
         return Ok(());
     }
-    let done = layerfs::control::reconfigure::remount(&args.mountpoint, &args.options)
+    let done = layerfs::control::Client::new(&args.mountpoint)
+        .reconfigure(&args.options)
         .map_err(|e| e.to_string())?;
     if args.verbose {
         let changed = if done.changed.is_empty() {

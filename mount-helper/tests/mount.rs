@@ -326,8 +326,7 @@ fn a_mountpoint_left_by_a_killed_daemon_is_mounted_again() {
 
 /// The mount's `status`, through its control socket.
 fn status(mnt: &Path) -> layerfs::report::Status {
-    let v = layerfs::control::query(mnt, layerfs::control::Op::Status).unwrap();
-    serde_json::from_value(v).unwrap()
+    layerfs::control::Client::new(mnt).status().unwrap()
 }
 
 fn helper(t: &Trees, options: &str) -> Output {
@@ -353,7 +352,7 @@ fn remount_changes_the_refresh_interval_and_the_log_level_live() {
         }
     };
     wait("the control socket", &|| {
-        layerfs::control::query(&t.mnt, layerfs::control::Op::Status).is_ok()
+        layerfs::control::Client::new(&t.mnt).status().is_ok()
     });
     assert_eq!(status(&t.mnt).refresh_interval_secs, 30.0);
     let debug_lines = || {
@@ -389,7 +388,7 @@ fn remount_refuses_what_cannot_change_live_and_names_it() {
     let t = Trees::new();
     assert!(t.mount(&["-o", "refresh=30"]).status.success());
     let deadline = Instant::now() + Duration::from_secs(20);
-    while layerfs::control::query(&t.mnt, layerfs::control::Op::Status).is_err() {
+    while layerfs::control::Client::new(&t.mnt).status().is_err() {
         assert!(Instant::now() < deadline, "no control socket");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -8,9 +8,7 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use layerfs::control::protocol::Op;
-use layerfs::control::{client, quota_backend};
-use layerfs::report::Status;
+use layerfs::control::{quota_backend, Client};
 use layerfs::store::reserved::SNAPSHOTTER_NAME;
 
 use crate::error::Error;
@@ -106,9 +104,8 @@ pub fn disk_root(config: &Config, root: &Path) -> Result<Option<PathBuf>, Error>
                 "asking the layerfs mount {} for its local directory",
                 mount.display()
             );
-            let answer = client::query(&mount, Op::Status)
-                .map_err(|e| Error::Unavailable(format!("{asked}: {e}")))?;
-            let status: Status = serde_json::from_value(answer)
+            let status = Client::new(&mount)
+                .status()
                 .map_err(|e| Error::Unavailable(format!("{asked}: {e}")))?;
             let inside = root.strip_prefix(&mount).unwrap_or(Path::new(""));
             Path::new(&status.local)

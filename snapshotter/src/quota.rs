@@ -19,8 +19,7 @@ use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use layerfs::control::protocol::{Op, Request};
-use layerfs::control::{client, quota_backend};
+use layerfs::control::{quota_backend, Client};
 use layerfs::quota::size::MAX_SIZE_LABEL;
 use layerfs::quota::storage::{self, Applied, Storage};
 use layerfs::report::QuotaInfo;
@@ -121,13 +120,10 @@ pub fn usage(root: &Path, dir: &Path) -> Result<Usage, Error> {
 
 fn quota_figures(root: &Path, dir: &Path) -> Result<QuotaInfo, Error> {
     let backend = quota_backend::backend_for(root);
-    let request = Request {
-        path: Some(storage::key_for(backend.root(), dir)?),
-        ..Request::new(Op::QuotaGet)
-    };
-    let answer = client::ask(backend.root(), &request)
-        .map_err(|e| Error::Quota(storage::StorageError::Backend(Box::new(e))))?;
-    serde_json::from_value(answer).map_err(|e| Error::Corrupt(format!("a quota answer: {e}")))
+    let key = storage::key_for(backend.root(), dir)?;
+    Client::new(backend.root())
+        .quota_get(&key)
+        .map_err(|e| Error::Quota(storage::StorageError::Backend(Box::new(e))))
 }
 
 /// Allocated bytes and inodes under `dir`, hard links once, never leaving its filesystem.

@@ -1,13 +1,18 @@
-//! The client side: find a mount's control socket from its mountpoint, ask, read the answer.
+//! The client side: [`Client`] finds a mount's control socket from its mountpoint and has one
+//! method per operation, each with its typed answer. Requests are built here and nowhere
+//! else.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::protocol::{self, Op, Request};
+use super::reconfigure::Reconfigured;
+use crate::report::{ImageInfo, LayerInfo, QuotaInfo, RoundReport, Status};
 
 /// How long to wait for an answer. A refresh waits for a scan, which has its own, shorter
 /// timeout on the daemon's side.
@@ -51,27 +56,119 @@ pub enum ClientError {
     RoundFailed(String),
 }
 
-/// Asks the mount at `mountpoint` (as given on the command line) `op`, and returns the
-/// answer's payload.
-pub fn query(mountpoint: &Path, op: Op) -> Result<Value, ClientError> {
-    ask(mountpoint, &Request::new(op))
+/// A running mount's control socket.
+#[derive(Debug, Clone)]
+pub struct Client {
+    mountpoint: PathBuf,
+    socket: PathBuf,
+    timeout: Duration,
 }
 
-/// Sends the mount at `mountpoint` a full request, and returns the answer's payload.
-pub fn ask(mountpoint: &Path, request: &Request) -> Result<Value, ClientError> {
-    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
-    let socket = super::socket_path(&mountpoint);
-    ask_at(&mountpoint, &socket, request)
-}
+impl Client {
+    /// The mount at `mountpoint`, as a user names it: resolved as the mount resolved its
+    /// own (symlinks, a trailing slash, a relative path).
+    pub fn new(mountpoint: &Path) -> Client {
+        let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
+        let socket = super::socket_path(&mountpoint);
+        Client::at(&mountpoint, &socket)
+    }
 
-/// Asks the server on `socket` `op`, on behalf of `mountpoint` (for messages).
-pub fn query_at(mountpoint: &Path, socket: &Path, op: Op) -> Result<Value, ClientError> {
-    ask_at(mountpoint, socket, &Request::new(op))
-}
+    /// The server on `socket`, on behalf of `mountpoint` (which messages name).
+    pub fn at(mountpoint: &Path, socket: &Path) -> Client {
+        Client {
+            mountpoint: mountpoint.to_owned(),
+            socket: socket.to_owned(),
+            timeout: ANSWER_TIMEOUT,
+        }
+    }
 
-/// Sends the server on `socket` a full request, on behalf of `mountpoint` (for messages).
-pub fn ask_at(mountpoint: &Path, socket: &Path, request: &Request) -> Result<Value, ClientError> {
-    ask_within(mountpoint, socket, request, ANSWER_TIMEOUT)
+    /// Gives up on an answer after `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Client {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The mountpoint, resolved.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// The mount's state now.
+    pub fn status(&self) -> Result<Status, ClientError> {
+        self.call(Request::new(Op::Status))
+    }
+
+    /// Runs a refresh round and reports it; `accept_empty` takes an empty remote as emptied
+    /// on purpose. A round that could not scan is an answer too: see [`RoundReport::error`].
+    pub fn refresh(&self, accept_empty: bool) -> Result<RoundReport, ClientError> {
+        self.call(Request {
+            accept_empty,
+            ..Request::new(Op::Refresh)
+        })
+    }
+
+    /// The ready layers, sorted by id.
+    pub fn layers(&self) -> Result<Vec<LayerInfo>, ClientError> {
+        self.call(Request::new(Op::Layers))
+    }
+
+    /// The ready images, sorted by id.
+    pub fn images(&self) -> Result<Vec<ImageInfo>, ClientError> {
+        self.call(Request::new(Op::Images))
+    }
+
+    /// Sets the quota of the directory `path` (relative to the mountpoint) to `limit`
+    /// bytes and, optionally, `inodes` inodes; answers what the mount now enforces.
+    pub fn quota_set(
+        &self,
+        path: &str,
+        limit: u64,
+        inodes: Option<u64>,
+    ) -> Result<QuotaInfo, ClientError> {
+        self.call(Request {
+            path: Some(path.to_owned()),
+            size: Some(limit.to_string()),
+            inodes,
+            ..Request::new(Op::QuotaSet)
+        })
+    }
+
+    /// The quota of the directory `path` (relative to the mountpoint).
+    pub fn quota_get(&self, path: &str) -> Result<QuotaInfo, ClientError> {
+        self.call(Request {
+            path: Some(path.to_owned()),
+            ..Request::new(Op::QuotaGet)
+        })
+    }
+
+    /// Every quota root of the mount.
+    pub fn quota_list(&self) -> Result<Vec<QuotaInfo>, ClientError> {
+        self.call(Request::new(Op::QuotaList))
+    }
+
+    /// Clears the quota of the directory `path`; answers the root as it was.
+    pub fn quota_clear(&self, path: &str) -> Result<QuotaInfo, ClientError> {
+        self.call(Request {
+            path: Some(path.to_owned()),
+            ..Request::new(Op::QuotaClear)
+        })
+    }
+
+    /// Applies mount `options` to the running mount (`mount -o remount,…`).
+    pub fn reconfigure(&self, options: &[String]) -> Result<Reconfigured, ClientError> {
+        self.call(Request {
+            options: options.to_vec(),
+            ..Request::new(Op::Reconfigure)
+        })
+    }
+
+    fn call<T: DeserializeOwned>(&self, request: Request) -> Result<T, ClientError> {
+        let payload = ask_within(&self.mountpoint, &self.socket, &request, self.timeout)?;
+        serde_json::from_value(payload).map_err(|e| ClientError::BadAnswer {
+            socket: self.socket.clone(),
+            reason: e.to_string(),
+        })
+    }
 }
 
 /// The live layerfs mount serving `local` (canonical) as its local tree, if any answers
@@ -84,9 +181,11 @@ pub fn mount_using(local: &Path) -> Option<PathBuf> {
         .filter(|m| m.fstype == crate::fs::kernel_mount::FSTYPE)
         .find_map(|m| {
             let socket = super::socket_path(&m.point);
-            let status = ask_within(&m.point, &socket, &Request::new(Op::Status), QUICK).ok()?;
-            let serves = status.get("local").and_then(Value::as_str)? == local.as_os_str();
-            serves.then_some(m.point)
+            let status = Client::at(&m.point, &socket)
+                .with_timeout(QUICK)
+                .status()
+                .ok()?;
+            (Path::new(&status.local) == local).then_some(m.point)
         })
 }
 
@@ -202,7 +301,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mnt = Path::new("/nowhere");
         let socket = tmp.path().join("x.sock");
-        let e = query_at(mnt, &socket, Op::Status).unwrap_err();
+        let e = Client::at(mnt, &socket).status().unwrap_err();
         assert_eq!(
             e.to_string(),
             format!(
@@ -211,7 +310,7 @@ mod tests {
             )
         );
         drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-        let e = query_at(mnt, &socket, Op::Status).unwrap_err();
+        let e = Client::at(mnt, &socket).status().unwrap_err();
         assert!(matches!(e, ClientError::NotListening { .. }), "{e}");
     }
 }

@@ -9,7 +9,7 @@
 //!    mountpoint. A socket file left by a mount that died is removed first; a live one is
 //!    never taken over. The returned [`ControlServer`] serves on its own thread until it is
 //!    dropped, which removes the socket.
-//! 2. A client ([`client::query`]) resolves the MOUNTPOINT it was given the same way,
+//! 2. A client ([`Client`]) resolves the MOUNTPOINT it was given the same way,
 //!    connects, sends one request line and reads one answer line.
 //!
 //! **Where the socket lives.** `<run dir>/mounts/<escaped mountpoint>.sock`, so that a
@@ -46,15 +46,12 @@ pub mod render;
 mod server;
 pub mod umount;
 
-pub use client::{query, ClientError};
+pub use client::{Client, ClientError};
 pub use path::{escape_path, run_dir, socket_path, socket_path_in, DEFAULT_RUN_DIR, RUN_DIR_ENV};
 pub use protocol::{MountControl, Op};
 pub use server::{serve, serve_with, ControlServer};
 
 use std::path::{Path, PathBuf};
-
-use crate::report::{QuotaInfo, RoundReport};
-use protocol::Request;
 
 use crate::quota::size::human;
 use crate::quota::storage::{self, Applied, Storage, StorageError};
@@ -80,63 +77,50 @@ impl Reply {
     }
 }
 
-/// Runs `layerfs status|refresh|layers|images MOUNTPOINT [--json]`: asks the mount and
-/// renders its answer. An error here means there is nothing to print.
+/// Runs `layerfs status|layers|images MOUNTPOINT [--json]` (and `refresh`, as
+/// [`refresh`] without `--accept-empty`): asks the mount and renders its answer. An error
+/// here means there is nothing to print.
 pub fn command(mountpoint: &Path, op: Op, json: bool) -> Result<Reply, ClientError> {
-    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
-    ask_and_render(&mountpoint, &Request::new(op), json)
+    let client = Client::new(mountpoint);
+    let text = match op {
+        Op::Status => shown(&client.status()?, json, |s| render::status(s, now())),
+        Op::Layers => shown(&client.layers()?, json, |l| render::layers(l)),
+        Op::Images => shown(&client.images()?, json, |i| render::images(i)),
+        Op::QuotaList => shown(&client.quota_list()?, json, |q| render::quotas(q)),
+        Op::Refresh => return refreshed(&client, false, json),
+        Op::QuotaSet | Op::QuotaGet | Op::QuotaClear | Op::Reconfigure => {
+            unreachable!("{op:?} needs more than a mountpoint; see quota, quota_set, reconfigure")
+        }
+    };
+    Ok(Reply::text(text))
 }
 
 /// `layerfs refresh`: runs a round, taking an empty remote as the truth with `accept_empty`.
 pub fn refresh(mountpoint: &Path, accept_empty: bool, json: bool) -> Result<Reply, ClientError> {
-    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
-    let request = Request {
-        accept_empty,
-        ..Request::new(Op::Refresh)
-    };
-    ask_and_render(&mountpoint, &request, json)
+    refreshed(&Client::new(mountpoint), accept_empty, json)
 }
 
-fn ask_and_render(mountpoint: &Path, request: &Request, json: bool) -> Result<Reply, ClientError> {
-    let socket = socket_path(mountpoint);
-    let payload = client::ask_at(mountpoint, &socket, request)?;
-    let decode = |e: serde_json::Error| ClientError::BadAnswer {
-        socket: socket.clone(),
-        reason: e.to_string(),
-    };
-    let mut outcome = Ok(());
-    let text = match request.op {
-        Op::Refresh => {
-            let round: RoundReport = serde_json::from_value(payload.clone()).map_err(decode)?;
-            if let Some(e) = round.error.clone() {
-                outcome = Err(ClientError::RoundFailed(e));
-            }
-            if json {
-                render::json(&payload)
-            } else {
-                render::round(&round)
-            }
-        }
-        _ if json => render::json(&payload),
-        Op::Status => render::status(&serde_json::from_value(payload).map_err(decode)?, now()),
-        Op::Layers => render::layers(&serde_json::from_value::<Vec<_>>(payload).map_err(decode)?),
-        Op::Images => render::images(&serde_json::from_value::<Vec<_>>(payload).map_err(decode)?),
-        Op::QuotaList => {
-            render::quotas(&serde_json::from_value::<Vec<_>>(payload).map_err(decode)?)
-        }
-        Op::QuotaSet | Op::QuotaGet => {
-            render::quota(&serde_json::from_value::<QuotaInfo>(payload).map_err(decode)?)
-        }
-        Op::QuotaClear => {
-            render::quota_cleared(&serde_json::from_value::<QuotaInfo>(payload).map_err(decode)?)
-        }
-        Op::Reconfigure => render::json(&payload),
+/// A round is printed also when it could not scan; that failure is the command's outcome.
+fn refreshed(client: &Client, accept_empty: bool, json: bool) -> Result<Reply, ClientError> {
+    let round = client.refresh(accept_empty)?;
+    let outcome = match round.error.clone() {
+        Some(e) => Err(ClientError::RoundFailed(e)),
+        None => Ok(()),
     };
     Ok(Reply {
-        text,
+        text: shown(&round, json, render::round),
         note: None,
         outcome,
     })
+}
+
+/// `answer` as JSON with `--json`, else as `human` renders it.
+fn shown<T: serde::Serialize>(answer: &T, json: bool, human: impl FnOnce(&T) -> String) -> String {
+    if json {
+        render::json(&serde_json::to_value(answer).unwrap_or_default())
+    } else {
+        human(answer)
+    }
 }
 
 /// Runs `layerfs quota get|list|clear MOUNTPOINT [PATH] [--json]`. PATH is relative to
@@ -147,16 +131,20 @@ pub fn quota(
     path: Option<&Path>,
     json: bool,
 ) -> Result<Reply, StorageError> {
-    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
-    let path = match path {
-        Some(path) => Some(storage::key_for(&mountpoint, &target(&mountpoint, path))?),
-        None => None,
+    let client = Client::new(mountpoint);
+    let key =
+        |path: &Path| storage::key_for(client.mountpoint(), &target(client.mountpoint(), path));
+    let text = match (op, path) {
+        (Op::QuotaList, _) => shown(&client.quota_list()?, json, |q| render::quotas(q)),
+        (Op::QuotaGet, Some(path)) => shown(&client.quota_get(&key(path)?)?, json, render::quota),
+        (Op::QuotaClear, Some(path)) => shown(
+            &client.quota_clear(&key(path)?)?,
+            json,
+            render::quota_cleared,
+        ),
+        (op, path) => unreachable!("quota {op:?} of {path:?}: get and clear name a directory"),
     };
-    let request = Request {
-        path,
-        ..Request::new(op)
-    };
-    Ok(ask_and_render(&mountpoint, &request, json)?)
+    Ok(Reply::text(text))
 }
 
 /// `layerfs quota set`: what to limit and how.
@@ -206,11 +194,11 @@ pub fn quota_set(mountpoint: &Path, set: &QuotaSet, json: bool) -> Result<Reply,
     let nothing = if json { "null\n" } else { "" };
     Ok(match applied {
         Applied::Set { .. } => {
-            let request = Request {
-                path: Some(storage::key_for(backend.root(), &dir)?),
-                ..Request::new(Op::QuotaGet)
-            };
-            ask_and_render(backend.root(), &request, json)?
+            let key = storage::key_for(backend.root(), &dir)?;
+            let info = Client::new(backend.root())
+                .quota_get(&key)
+                .map_err(|e| StorageError::Backend(Box::new(e)))?;
+            Reply::text(shown(&info, json, render::quota))
         }
         Applied::NoQuota => Reply {
             note: Some(format!(

@@ -5,11 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::client::{self, ClientError};
-use super::protocol::{Op, Request};
+use super::client::{Client, ClientError};
 use crate::fs::kernel_mount::FSTYPE;
 use crate::quota::storage::{key_for, PlainDir, Snapshotter, StorageError};
-use crate::report::QuotaInfo;
 use crate::store::mountinfo::{self, Mount};
 
 /// Directories in a running layerfs mount, which enforces quotas itself and is told about
@@ -58,13 +56,8 @@ impl Snapshotter for Layerfs {
     }
 
     fn apply_quota(&self, dir: &Path, limit: u64, inodes: Option<u64>) -> Result<(), StorageError> {
-        let request = Request {
-            path: Some(self.relative(dir)?),
-            size: Some(limit.to_string()),
-            inodes,
-            ..Request::new(Op::QuotaSet)
-        };
-        let payload = client::ask(&self.mountpoint, &request)
+        let info = Client::new(&self.mountpoint)
+            .quota_set(&self.relative(dir)?, limit, inodes)
             .map_err(|e| StorageError::Backend(Box::new(e)))?;
         let failed = |reason: String| StorageError::Apply {
             backend: self.name().to_owned(),
@@ -73,8 +66,6 @@ impl Snapshotter for Layerfs {
         };
         // The mount says what it now enforces; anything else than what was asked is a
         // quota that did not take, and must not pass for one that did.
-        let info: QuotaInfo = serde_json::from_value(payload)
-            .map_err(|e| failed(format!("unreadable answer: {e}")))?;
         if info.limit != limit || info.inode_limit != inodes {
             return Err(failed(format!(
                 "the mount enforces {} bytes and {:?} inodes, not {limit} and {inodes:?}",

@@ -9,15 +9,12 @@
 //! is changed. Options mount(8) passes for the kernel's side of a remount (`rw`, `relatime`,
 //! `user_id=`…) and those it keeps for itself are ignored.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::client::{self, ClientError};
-use super::protocol::{Op, Request};
 use crate::config::MountConfig;
 use crate::refresh::RefreshHandle;
 
@@ -155,20 +152,6 @@ impl Reconfigure for Live {
             changed: plan.changed,
         })
     }
-}
-
-/// Asks the mount at `mountpoint` to apply `options` (`mount -o remount,…`).
-pub fn remount(mountpoint: &Path, options: &[String]) -> Result<Reconfigured, ClientError> {
-    let request = Request {
-        options: options.to_vec(),
-        ..Request::new(Op::Reconfigure)
-    };
-    let mountpoint = crate::store::mountinfo::resolve_mountpoint(mountpoint);
-    let payload = client::ask(&mountpoint, &request)?;
-    serde_json::from_value(payload).map_err(|e| ClientError::BadAnswer {
-        socket: super::socket_path(&mountpoint),
-        reason: e.to_string(),
-    })
 }
 
 #[cfg(test)]
