@@ -13,6 +13,7 @@ use nix::errno::Errno;
 
 use super::ledger::Ledger;
 use super::scan::allocated;
+use super::scan::block_size;
 use super::seam::{Need, Reserved, Under};
 use super::table::{QuotaRoot, Reservation};
 use crate::store;
@@ -78,11 +79,6 @@ impl Ledger {
             granted,
         })
     }
-}
-
-/// The block size estimates round to: the file's own, within sane bounds.
-pub(super) fn block_size(st: &libc::stat) -> u64 {
-    (st.st_blksize as u64).clamp(512, 1 << 20)
 }
 
 /// Room a root must have beyond a write's worst case for the worst case to be reserved

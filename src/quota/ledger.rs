@@ -6,8 +6,9 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use parking_lot::Mutex;
 
-use super::io::block_size;
-use super::roots::{self, QuotaError};
+use super::error::QuotaError;
+use super::restore;
+use super::scan::block_size;
 use super::seam::{Accounting, Charge, Charged, Gone, Move, Need, Object, Reserved, Under};
 use super::table::{Limit, Quotas};
 use crate::report::QuotaInfo;
@@ -21,7 +22,7 @@ pub struct Ledger {
     /// The block size of local's filesystem: what a new directory costs at least.
     pub(super) block: u64,
     /// The number of the newest snapshot of the registry on disk; held while one is
-    /// written (see [`roots::Snapshot`]).
+    /// written (see `roots::Snapshot`).
     pub(super) written: Mutex<u64>,
     /// Held by each setting or clearing of a root from start to end, so that one sees a
     /// root as the last left it: two clears at once would both succeed, and a limit
@@ -48,7 +49,7 @@ impl Ledger {
     /// `EDQUOT`. Returns how many roots there are.
     pub fn load(&mut self, errno: Errno) -> Result<usize, QuotaError> {
         self.quotas = Quotas::new(errno);
-        roots::load(&self.quotas, self.local.as_fd())
+        restore::load(&self.quotas, self.local.as_fd())
     }
 }
 

@@ -40,9 +40,11 @@
 //! lock is held.
 
 mod charge;
+mod error;
 mod io;
 mod ledger;
 mod persist;
+mod restore;
 mod roots;
 mod scan;
 pub mod seam;
@@ -50,8 +52,9 @@ pub mod size;
 pub mod storage;
 mod table;
 
+pub use error::QuotaError;
 pub use ledger::Ledger;
-pub use roots::{QuotaError, QUOTA_XATTR};
+pub use roots::QUOTA_XATTR;
 pub use seam::{
     Accounting, Allocated, Charge, Charged, Gone, Move, Need, Object, Opens, Reserved, Tally, Under,
 };

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use nix::errno::Errno;
 
-use super::roots::QuotaError;
+use super::error::QuotaError;
 use super::scan::allocated;
 use super::table::{Limit, QuotaRoot, Reservation};
 use crate::report::QuotaInfo;
