@@ -7,7 +7,20 @@
 
 use std::hash::{DefaultHasher, Hasher};
 
-pub use super::scan::TarSplitFault;
+/// A tar-split of a layer with hundreds of thousands of files stays far below this; the cap
+/// bounds the time a gzip bomb can cost.
+pub(super) const TAR_SPLIT_DECODED_CAP: u64 = 1 << 30;
+
+/// Why a tar-split stream, read to its end, cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, thiserror::Error)]
+pub enum TarSplitFault {
+    #[error("truncated gzip stream")]
+    Truncated,
+    #[error("not a valid gzip stream")]
+    Corrupt,
+    #[error("decompresses to more than {} MiB", TAR_SPLIT_DECODED_CAP >> 20)]
+    TooLarge,
+}
 
 /// Which part of an object a stamp describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

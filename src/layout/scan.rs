@@ -14,7 +14,9 @@ use flate2::read::MultiGzDecoder;
 use nix::sys::stat::SFlag;
 use serde::de::{DeserializeOwned, IgnoredAny};
 
-use super::fingerprint::{content_hash, Fingerprint, Part, Stamp};
+use super::fingerprint::{
+    content_hash, Fingerprint, Part, Stamp, TarSplitFault, TAR_SPLIT_DECODED_CAP,
+};
 use super::isulad::{self, ImageJson, LayerJson};
 use super::nofollow::{self, DirHandle, EntryError};
 use super::MAX_LOWER_DEPTH;
@@ -25,10 +27,6 @@ const JSON_CAP: u64 = 16 << 20;
 /// `link` holds 26 characters; `lower` at most 128 entries of `l/` plus 26 characters.
 const LINK_CAP: u64 = 4 << 10;
 const LOWER_CAP: u64 = 64 << 10;
-
-/// A tar-split of a layer with hundreds of thousands of files stays far below this; the cap
-/// bounds the time a gzip bomb can cost.
-const TAR_SPLIT_DECODED_CAP: u64 = 1 << 30;
 
 /// What an object directory yielded: its facts, or why it cannot be ready.
 pub(crate) type Probed<T> = Result<T, String>;
@@ -283,17 +281,6 @@ enum TarSplitError {
     Empty,
     #[error("{1}")]
     Unusable(Stamp, TarSplitFault),
-}
-
-/// Why a tar-split stream, read to its end, cannot be used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, thiserror::Error)]
-pub enum TarSplitFault {
-    #[error("truncated gzip stream")]
-    Truncated,
-    #[error("not a valid gzip stream")]
-    Corrupt,
-    #[error("decompresses to more than {} MiB", TAR_SPLIT_DECODED_CAP >> 20)]
-    TooLarge,
 }
 
 /// iSulad writes the tar-split in place, not atomically, so a writer caught mid-way leaves a
