@@ -16,7 +16,7 @@ use super::diff::{Diff, ZoneKey};
 use super::invalidate::Kernel;
 use super::*;
 use crate::report::Kind;
-use crate::view::inodes::ROOT_INO;
+use crate::view::identity::ROOT_INO;
 use crate::view::{open_root, Layout, LinkStyle};
 
 fn id(n: u8) -> String {

@@ -23,10 +23,11 @@ use nix::sys::stat::{Mode, SFlag};
 use parking_lot::MutexGuard;
 use tracing::debug;
 
-use super::inodes::Identity;
+use super::identity::Identity;
 use super::local_identity;
+use super::names::{self, temp_name};
 use super::node::{Layer, Node};
-use super::{marker, names, Stat, View};
+use super::{marker, Stat, View};
 use crate::quota::{Accounting, Allocated, Charge, Need};
 use crate::store::{self, cname, copy, xattr, Kind};
 
@@ -340,15 +341,6 @@ fn finish_temp(
         let _ = names::remove_any(dir, temp, Kind::from_mode(st.st_mode) == Kind::Dir);
     }
     result
-}
-
-/// A fresh name under [`marker::temp_prefix`], unique within the process.
-pub(super) fn temp_name() -> std::ffi::CString {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let prefix = String::from_utf8_lossy(marker::temp_prefix());
-    std::ffi::CString::new(format!("{prefix}{}.{n}", std::process::id())).unwrap_or_default()
 }
 
 /// Sets owner, then mode (chown clears set-id bits), then times, on any file type.

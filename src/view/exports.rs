@@ -37,7 +37,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use tracing::warn;
 
-use super::inodes::{Identity, COUNTER_BIT, REMOTE_BIT, ROOT_INO};
+use super::identity::{Identity, COUNTER_BIT, REMOTE_BIT, ROOT_INO};
 use super::node::{Layer, Node};
 use super::{Entry, Stat, View};
 use crate::store::handle::{self, FsHandle};

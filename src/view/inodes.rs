@@ -46,40 +46,10 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::identity::{Identity, COUNTER_BIT, REMOTE_BIT, ROOT_INO};
 use super::node::{Node, NodeState};
 use super::zone::Zone;
 use crate::store::Kind;
-
-/// The root's number, fixed by the FUSE protocol.
-pub const ROOT_INO: u64 = 1;
-/// Set in the numbers of remote objects.
-pub const REMOTE_BIT: u64 = 1 << 62;
-/// Set in numbers handed out from the counter.
-pub const COUNTER_BIT: u64 = 1 << 63;
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Identity {
-    Local {
-        dev: u64,
-        ino: u64,
-    },
-    Remote {
-        dev: u64,
-        ino: u64,
-    },
-    /// One name of a remote non-directory with several links. Copy-up gives each name its
-    /// own local file (overlayfs without `index` does the same), so each name must be its
-    /// own node from the start: a shared node would show one name's copy through the other
-    /// for as long as the kernel happens to cache it.
-    RemoteName {
-        parent: u64,
-        name: OsString,
-    },
-    Virtual {
-        parent: u64,
-        name: OsString,
-    },
-}
 
 /// A live node and how many times the kernel was handed it without forgetting it yet.
 #[derive(Debug)]

@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use nix::errno::Errno;
 
-use super::inodes::Identity;
+use super::identity::Identity;
 use super::node::{DirFds, Node};
 use super::{marker, remote_error, View, Zone};
 use crate::store::{self, Kind};

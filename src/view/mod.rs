@@ -41,6 +41,7 @@
 pub mod attrs;
 pub mod copyup;
 pub mod exports;
+pub mod identity;
 pub mod inodes;
 pub mod io;
 pub mod listing;
@@ -71,7 +72,8 @@ use crate::layout::LayoutIndex;
 use crate::quota::{Accounting, Ledger};
 pub use crate::store::open_root;
 use crate::store::{self, cname, creds, Kind};
-use inodes::{Identity, InodeTable, NewNode, ROOT_INO};
+use identity::{Identity, ROOT_INO};
+use inodes::{InodeTable, NewNode};
 pub use node::{DirFds, Layer, Node, NodeState};
 pub use zone::{Layout, LinkStyle, Zone};
 

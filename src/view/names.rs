@@ -17,9 +17,17 @@ use nix::errno::Errno;
 use nix::fcntl::{AtFlags, RenameFlags};
 use nix::unistd::UnlinkatFlags;
 
-use super::copyup::temp_name;
 use super::marker;
 use crate::store;
+
+/// A fresh name under [`marker::temp_prefix`], unique within the process.
+pub(super) fn temp_name() -> std::ffi::CString {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let prefix = String::from_utf8_lossy(marker::temp_prefix());
+    std::ffi::CString::new(format!("{prefix}{}.{n}", std::process::id())).unwrap_or_default()
+}
 
 /// Removes whatever `name` in `dir` is, file or empty directory.
 pub fn remove_any(dir: BorrowedFd<'_>, name: &CStr, is_dir: bool) -> Result<(), Errno> {

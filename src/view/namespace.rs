@@ -20,7 +20,8 @@ use nix::fcntl::{AtFlags, OFlag, RenameFlags};
 use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 
-use super::copyup::{temp_name, Room};
+use super::copyup::Room;
+use super::names::temp_name;
 use super::node::{Layer, Node};
 use super::{marker, names, view_name, Caller, Entry, Found, IndexOnce, Probe, Stat, View};
 use crate::quota::{Accounting, Allocated, Charge, Gone, Need};

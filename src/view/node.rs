@@ -15,7 +15,7 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use parking_lot::{Mutex, MutexGuard};
 
-use super::inodes::{Identity, ROOT_INO};
+use super::identity::{Identity, ROOT_INO};
 use super::zone::Zone;
 use crate::quota::{Object, Opens, Tally};
 use crate::store::{self, Kind};

@@ -10,7 +10,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::inodes::ROOT_INO;
+use super::identity::ROOT_INO;
 use super::{Node, View, Zone};
 
 /// The layout directories a refresh can change the entries of, parents before children.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use tracing::warn;
 
-use super::inodes::ROOT_INO;
+use super::identity::ROOT_INO;
 use super::node::Node;
 use super::{Caller, View};
 use crate::quota::size::parse_size;
