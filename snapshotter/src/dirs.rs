@@ -13,7 +13,36 @@ use layerfs::store::reserved::SNAPSHOTTER_NAME;
 
 use crate::error::Error;
 use crate::meta::{Backing, Place, Record};
-use crate::snapshots::Config;
+
+/// Where the snapshotter keeps its snapshots and finds shared layers.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Snapshots' directories and the table: in a layerfs mount for quotas.
+    pub root: PathBuf,
+    /// The layerfs view holding shared layers; none disables adoption and dedupe.
+    pub view: Option<PathBuf>,
+    /// The storage driver's name in the view (`overlay` for `overlay/`, `overlay-layers/`).
+    pub driver: String,
+    /// Keep the directories of snapshots without a quota on the local disk directly, not
+    /// in the view (DESIGN §12, fast path).
+    pub fast_path: bool,
+    /// Where those directories go; by default `.layerfs-snapshotter/` in the layerfs
+    /// mount's local directory, which the view never shows.
+    pub local_root: Option<PathBuf>,
+}
+
+impl Config {
+    /// A snapshotter at `root`, with the defaults of every other setting.
+    pub fn new(root: &Path) -> Config {
+        Config {
+            root: root.to_owned(),
+            view: None,
+            driver: "overlay".into(),
+            fast_path: true,
+            local_root: None,
+        }
+    }
+}
 
 /// Where snapshots' directories are.
 #[derive(Debug, Clone)]

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::api::types::Mount;
+pub use crate::dirs::Config;
 use crate::dirs::{self, Dirs};
 use crate::error::Error;
 use crate::filter::{self, Filter};
@@ -45,36 +46,6 @@ pub const REF_LABEL: &str = "containerd.io/snapshot.ref";
 /// Marks a snapshot whose files come from elsewhere, with the value stargz and nydus use.
 pub const REMOTE_LABEL: &str = "containerd.io/snapshot/remote";
 pub const REMOTE_LABEL_VALUE: &str = "remote snapshot";
-
-/// Where the snapshotter keeps its snapshots and finds shared layers.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Snapshots' directories and the table: in a layerfs mount for quotas.
-    pub root: PathBuf,
-    /// The layerfs view holding shared layers; none disables adoption and dedupe.
-    pub view: Option<PathBuf>,
-    /// The storage driver's name in the view (`overlay` for `overlay/`, `overlay-layers/`).
-    pub driver: String,
-    /// Keep the directories of snapshots without a quota on the local disk directly, not
-    /// in the view (DESIGN §12, fast path).
-    pub fast_path: bool,
-    /// Where those directories go; by default `.layerfs-snapshotter/` in the layerfs
-    /// mount's local directory, which the view never shows.
-    pub local_root: Option<PathBuf>,
-}
-
-impl Config {
-    /// A snapshotter at `root`, with the defaults of every other setting.
-    pub fn new(root: &Path) -> Config {
-        Config {
-            root: root.to_owned(),
-            view: None,
-            driver: "overlay".into(),
-            fast_path: true,
-            local_root: None,
-        }
-    }
-}
 
 /// What sharing saved, for metrics: counted since start.
 #[derive(Debug, Default)]
