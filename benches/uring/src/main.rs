@@ -6,6 +6,7 @@ mod bench;
 mod fs;
 mod proto;
 mod ring;
+mod served;
 mod server;
 
 use std::path::PathBuf;

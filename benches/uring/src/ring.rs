@@ -22,7 +22,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use crate::fs::{Fs, Reply, Request};
 use crate::proto::*;
-use crate::server::{Stats, Threads};
+use crate::served::{Stats, Threads};
 
 pub struct Setup {
     pub dev_fd: Arc<OwnedFd>,

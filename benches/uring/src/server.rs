@@ -7,14 +7,14 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::fs::{Fs, Reply, Request};
 use crate::proto::*;
 use crate::ring;
+pub use crate::served::{Stats, Threads};
 
 /// Largest write the server accepts, and so (with `MAX_PAGES`) the request payload size.
 pub const MAX_WRITE: u32 = 128 * 1024;
@@ -55,23 +55,6 @@ pub struct Config {
     pub transport: Transport,
     pub entry_ttl: Duration,
     pub attr_ttl: Duration,
-}
-
-/// Requests served, by path. In io_uring mode the kernel still sends FORGETs and INTERRUPTs
-/// through /dev/fuse, so a /dev/fuse thread runs there too; a non-forget request counted on it
-/// would mean the ring is not carrying the traffic.
-#[derive(Default)]
-pub struct Stats {
-    pub dev_requests: AtomicU64,
-    pub ring_requests: AtomicU64,
-    pub forgets: AtomicU64,
-}
-
-impl Stats {
-    /// All replied requests (forgets excluded: they have no round trip).
-    pub fn requests(&self) -> u64 {
-        self.dev_requests.load(Ordering::Relaxed) + self.ring_requests.load(Ordering::Relaxed)
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -190,9 +173,6 @@ impl Drop for UringParam {
 
 // ---------------------------------------------------------------------------------------
 // The server.
-
-/// Server threads by name; each returns its first error.
-pub type Threads = Vec<(String, JoinHandle<Result<(), String>>)>;
 
 pub struct Server {
     mountpoint: CString,
