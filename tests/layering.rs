@@ -1,6 +1,7 @@
 //! The layering `src/lib.rs` states holds: no top-level module names one of a later layer
 //! (`crate::<module>` anywhere in its files, docs included), so no two modules depend on
-//! each other.
+//! each other. Inside every folder of product code, of this crate and of the other crates
+//! of the workspace, the files import each other without circles too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -155,5 +156,210 @@ fn view_and_fs_use_quota_through_its_seam() {
     assert!(
         wrong.is_empty(),
         "quota internals named outside the seam: {wrong:?}"
+    );
+}
+
+/// The modules of one folder: `name` (a file `name.rs`, or a folder `name/` with its files)
+/// and the product text of each, tests left out: the module's own file (where `super::`
+/// means this folder), and all its files.
+fn folder_modules(dir: &Path) -> BTreeMap<String, (String, String)> {
+    let mut modules = BTreeMap::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        let module = stem.to_owned();
+        // The folder's own module file declares and re-exports its children; tests may
+        // reach into anything.
+        if ["mod", "lib", "main", "tests"].contains(&stem) {
+            continue;
+        }
+        let is_module = path.is_dir() && path.join("mod.rs").exists();
+        if !(is_module || path.extension().is_some_and(|e| e == "rs")) {
+            continue;
+        }
+        let mut texts = Vec::new();
+        sources(&path, &mut texts);
+        let all: String = texts.iter().map(|t| product_text(t)).collect();
+        let own = if is_module { path.join("mod.rs") } else { path };
+        let own = product_text(&fs::read_to_string(own).unwrap());
+        modules.insert(module, (own, all));
+    }
+    modules
+}
+
+/// `text` without its comments and its `#[cfg(test)]` module.
+fn product_text(text: &str) -> String {
+    let code = match text.find("#[cfg(test)]\nmod tests") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    code.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The siblings a module names: `super::x` or `x` in `use super::{…}` in its own file
+/// (`own`), `<path>::x` or `<path>::{…}` in any of its files (`all`).
+fn siblings_named(
+    own: &str,
+    all: &str,
+    path: &str,
+    siblings: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    let mut named = BTreeSet::new();
+    for (text, prefix) in [(own, "super::".to_owned()), (all, format!("{path}::"))] {
+        for (at, _) in text.match_indices(prefix.as_str()) {
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let rest = &text[at + prefix.len()..];
+            let names: Vec<String> = match rest.strip_prefix('{') {
+                Some(group) => group[..group.find('}').unwrap_or(group.len())]
+                    .split(',')
+                    .map(|part| ident(part.trim_start()))
+                    .collect(),
+                None => vec![ident(rest)],
+            };
+            named.extend(names.into_iter().filter(|n| siblings.contains(n)));
+        }
+    }
+    named
+}
+
+/// The circles among `edges`: each a set of modules that reach one another (Tarjan).
+fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct Walk<'a> {
+        edges: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        found: Vec<Vec<String>>,
+    }
+    impl<'a> Walk<'a> {
+        // Recursion as deep as one folder's module count, which this repository decides.
+        fn visit(&mut self, v: &'a str) {
+            let n = self.index.len();
+            self.index.insert(v, n);
+            self.low.insert(v, n);
+            self.stack.push(v);
+            for w in self.edges.get(v).into_iter().flatten() {
+                if !self.index.contains_key(w.as_str()) {
+                    self.visit(w);
+                    let low = self.low[v].min(self.low[w.as_str()]);
+                    self.low.insert(v, low);
+                } else if self.stack.contains(&w.as_str()) {
+                    let low = self.low[v].min(self.index[w.as_str()]);
+                    self.low.insert(v, low);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut circle = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    circle.push(w.to_owned());
+                    if w == v {
+                        break;
+                    }
+                }
+                if circle.len() > 1 {
+                    circle.sort();
+                    self.found.push(circle);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !walk.index.contains_key(v.as_str()) {
+            walk.visit(v);
+        }
+    }
+    walk.found
+}
+
+/// Every folder of product code below `root`, with the path its items are named by from
+/// inside the crate (`crate::view` for `src/view`).
+fn folders(root: &Path, path: &str, out: &mut Vec<(std::path::PathBuf, String)>) {
+    out.push((root.to_owned(), path.to_owned()));
+    for entry in fs::read_dir(root).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.is_dir() {
+            let name = dir.file_name().unwrap().to_str().unwrap().to_owned();
+            folders(&dir, &format!("{path}::{name}"), out);
+        }
+    }
+}
+
+#[test]
+fn no_files_of_one_folder_import_each_other_in_a_circle() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut all = Vec::new();
+    for krate in [
+        "src",
+        "csi/src",
+        "snapshotter/src",
+        "mount-helper/src",
+        "benches/uring/src",
+    ] {
+        folders(&repo.join(krate), "crate", &mut all);
+    }
+    let mut found = Vec::new();
+    for (dir, path) in &all {
+        let modules = folder_modules(dir);
+        let names: BTreeSet<String> = modules.keys().cloned().collect();
+        let edges: BTreeMap<String, BTreeSet<String>> = modules
+            .iter()
+            .map(|(module, (own, all))| {
+                // At the top of a crate, `super::` names nothing of it.
+                let own = if path == "crate" { "" } else { own.as_str() };
+                let mut named = siblings_named(own, all, path, &names);
+                named.remove(module);
+                (module.clone(), named)
+            })
+            .collect();
+        for circle in circles(&edges) {
+            let rel = dir.strip_prefix(repo).unwrap().display().to_string();
+            found.push(format!("{rel}: {}", circle.join(" <-> ")));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "files importing each other in a circle:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn a_circle_is_found() {
+    let edges: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a"]),
+        ("d", vec!["a"]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.into_iter().map(str::to_owned).collect()))
+    .collect();
+    assert_eq!(circles(&edges), vec![vec!["a", "b", "c"]]);
+    let names: BTreeSet<String> = ["io", "ledger"].map(str::to_owned).into();
+    let io: BTreeSet<String> = ["io".to_owned()].into();
+    assert_eq!(
+        siblings_named("", "crate::quota::io::f()", "crate::quota", &names),
+        io
+    );
+    // `super::` in a file deeper down names that file's own folder.
+    assert!(siblings_named("", "super::io::f()", "crate::quota", &names).is_empty());
+    assert_eq!(
+        siblings_named("use super::{io::x, ledger};", "", "crate::quota", &names),
+        names
     );
 }
