@@ -23,8 +23,7 @@ use nix::sys::stat::{Mode, SFlag};
 use parking_lot::MutexGuard;
 use tracing::debug;
 
-use super::identity::Identity;
-use super::local_identity;
+use super::identity::{local_identity, Identity};
 use super::names::{self, temp_name};
 use super::node::{Layer, Node};
 use super::{marker, Stat, View};

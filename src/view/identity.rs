@@ -33,3 +33,10 @@ pub enum Identity {
         name: OsString,
     },
 }
+
+pub fn local_identity(st: &libc::stat) -> Identity {
+    Identity::Local {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    }
+}
