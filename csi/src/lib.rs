@@ -30,6 +30,7 @@
 //! [`copy`]; [`mounts`] does loop devices and mounts, one call per volume at a time
 //! ([`locks`]); [`names`] maps CSI names to safe on-disk names.
 
+pub mod addresses;
 pub mod authority;
 pub mod backing_image;
 pub mod command;
