@@ -76,8 +76,28 @@ fn exec_moves(m: &Mount, name: &str, atime_ago: i64, mtime_ago: i64) -> bool {
     fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
     let t = now();
     set_times(&path, t - atime_ago, t - mtime_ago);
-    assert!(Command::new(&path).status().unwrap().success());
+    assert!(run_fresh_executable(&path).success());
     moved(&path, t, atime_ago)
+}
+
+/// Runs an executable just written. A child another test thread forks while this one still
+/// has the file open for writing holds that descriptor until it execs, and the kernel then
+/// refuses to run the file (`ETXTBSY`): wait for that moment to pass.
+fn run_fresh_executable(path: &Path) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match Command::new(path).status() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{}: {e}",
+                    path.display()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.unwrap(),
+        }
+    }
 }
 
 /// Whether listing directory `name` moves its access time, as `read_moves` for files.
