@@ -766,6 +766,11 @@ fn expose_into_replaces_stale_binds_and_refuses_live_ones() {
             "--local",
             s(&other_local),
         ])
+        .arg("-o")
+        .arg(format!(
+            "log_file={}",
+            m.dir.path().join("other.log").display()
+        ))
         .args(["--expose-into", s(&root), s(&other_mnt)])
         .stdin(Stdio::null())
         .output()
