@@ -134,13 +134,7 @@ async fn unpublish_removes_what_it_published_also_after_a_restart() {
     }
     // Nothing is published any more: the volumes can go.
     for vol in [&block, &mount] {
-        c.ctl
-            .delete_volume(DeleteVolumeRequest {
-                volume_id: vol.to_string(),
-                ..Default::default()
-            })
-            .await
-            .expect("DeleteVolume");
+        c.delete_volume(vol).await;
     }
 }
 
@@ -294,29 +288,6 @@ async fn logs_to_a_file_have_no_colour_codes() {
     assert!(!log.contains('\x1b'), "colour codes in the log: {log:?}");
 }
 
-async fn capacity_left(c: &mut Clients) -> i64 {
-    c.ctl
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .expect("GetCapacity")
-        .into_inner()
-        .available_capacity
-}
-
-async fn expand(c: &mut Clients, volume: &str, bytes: i64) -> Result<(), tonic::Status> {
-    c.ctl
-        .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: volume.into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: bytes,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-}
-
 /// Slack for the store's own small files (state, metadata) on the tmpfs.
 const SLACK: i64 = MIB / 4;
 
@@ -327,11 +298,11 @@ const SLACK: i64 = MIB / 4;
 async fn capacity_promised_stays_within_the_store() {
     let server = Server::start_on_tmpfs("64m", &[]);
     let mut c = server.clients().await;
-    let empty = capacity_left(&mut c).await;
+    let empty = c.capacity_left().await;
     assert!((64 * MIB - SLACK..=64 * MIB).contains(&empty), "{empty}");
 
     let a = c.volume(volume_req("cap-a", 40 * MIB, block_cap())).await;
-    let left = capacity_left(&mut c).await;
+    let left = c.capacity_left().await;
     assert!(
         (empty - 40 * MIB - SLACK..=empty - 40 * MIB).contains(&left),
         "{left}"
@@ -350,21 +321,21 @@ async fn capacity_promised_stays_within_the_store() {
         .map(|_| ());
     assert_refused(never, Code::OutOfRange, "can ever hold");
     assert_refused(
-        expand(&mut c, &a, 80 * MIB).await,
+        c.expand(&a, 80 * MIB).await,
         Code::ResourceExhausted,
         "left for volumes",
     );
-    expand(&mut c, &a, 44 * MIB)
+    c.expand(&a, 44 * MIB)
         .await
         .expect("expand within what is left");
 
     // Data written into a volume is space it was promised: what is left does not change.
-    let before = capacity_left(&mut c).await;
+    let before = c.capacity_left().await;
     let disk = server.path().join(format!("store/volumes/{a}/disk.img"));
     let file = fs::OpenOptions::new().write(true).open(&disk).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&file, &vec![0x5a; 8 << 20], 0).unwrap();
     drop(file);
-    let after = capacity_left(&mut c).await;
+    let after = c.capacity_left().await;
     assert!((after - before).abs() <= SLACK, "{before} -> {after}");
 
     let listed = c
@@ -374,14 +345,8 @@ async fn capacity_promised_stays_within_the_store() {
         .unwrap()
         .into_inner();
     assert_eq!(listed.entries.len(), 1, "nothing left of refused volumes");
-    c.ctl
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: a,
-            ..Default::default()
-        })
-        .await
-        .expect("DeleteVolume");
-    let freed = capacity_left(&mut c).await;
+    c.delete_volume(&a).await;
+    let freed = c.capacity_left().await;
     assert!((empty - SLACK..=empty).contains(&freed), "{freed}");
     c.volume(volume_req("cap-b", 30 * MIB, block_cap())).await;
 }
@@ -391,7 +356,7 @@ async fn capacity_promised_stays_within_the_store() {
 async fn over_provisioning_scales_what_may_be_promised() {
     let server = Server::start_on_tmpfs("64m", &["--over-provisioning", "200"]);
     let mut c = server.clients().await;
-    let empty = capacity_left(&mut c).await;
+    let empty = c.capacity_left().await;
     assert!(
         (128 * MIB - 2 * SLACK..=128 * MIB).contains(&empty),
         "{empty}"

@@ -232,13 +232,7 @@ async fn snapshots_under_a_writer(server: &Server, cut_log: &str) {
             Ok(_) => {}
             Err(e) => failures.push(format!("snapshot {i}: {e}")),
         }
-        c.ctl
-            .delete_volume(DeleteVolumeRequest {
-                volume_id: restored,
-                ..Default::default()
-            })
-            .await
-            .expect("DeleteVolume");
+        c.delete_volume(&restored).await;
     }
     c.unpublish(&volume, &target.to_string_lossy())
         .await

@@ -320,4 +320,38 @@ impl Clients {
             .await
             .map(|_| ())
     }
+
+    pub async fn delete_volume(&mut self, volume: &str) {
+        self.ctl
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: volume.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("DeleteVolume");
+    }
+
+    pub async fn expand(&mut self, volume: &str, bytes: i64) -> Result<(), tonic::Status> {
+        self.ctl
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: volume.into(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// What GetCapacity says is left.
+    pub async fn capacity_left(&mut self) -> i64 {
+        self.ctl
+            .get_capacity(GetCapacityRequest::default())
+            .await
+            .expect("GetCapacity")
+            .into_inner()
+            .available_capacity
+    }
 }
