@@ -45,17 +45,20 @@ fn sources(path: &Path, out: &mut Vec<String>) {
 fn named(text: &str) -> Vec<String> {
     let mut names = Vec::new();
     for (at, _) in text.match_indices("crate::") {
-        let rest = &text[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let group = &group[..group.find('}').unwrap_or(group.len())];
-            for part in group.split(',') {
-                names.push(ident(part.trim_start()));
-            }
-        } else {
-            names.push(ident(rest));
-        }
+        names.extend(names_after(&text[at + "crate::".len()..]));
     }
     names
+}
+
+/// The names a path continues with: `x` in `x::…`, or each of `{x, y::z}`.
+fn names_after(rest: &str) -> Vec<String> {
+    match rest.strip_prefix('{') {
+        Some(group) => group[..group.find('}').unwrap_or(group.len())]
+            .split(',')
+            .map(|part| ident(part.trim_start()))
+            .collect(),
+        None => vec![ident(rest)],
+    }
 }
 
 fn ident(s: &str) -> String {
@@ -136,14 +139,7 @@ fn view_and_fs_use_quota_through_its_seam() {
         sources(&src.join(user), &mut texts);
         for text in &texts {
             for (at, _) in text.match_indices("crate::quota::") {
-                let rest = &text[at + "crate::quota::".len()..];
-                let names: Vec<String> = match rest.strip_prefix('{') {
-                    Some(group) => group[..group.find('}').unwrap_or(group.len())]
-                        .split(',')
-                        .map(|part| ident(part.trim_start()))
-                        .collect(),
-                    None => vec![ident(rest)],
-                };
+                let names = names_after(&text[at + "crate::quota::".len()..]);
                 wrong.extend(
                     names
                         .into_iter()
@@ -216,14 +212,7 @@ fn siblings_named(
             if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
                 continue;
             }
-            let rest = &text[at + prefix.len()..];
-            let names: Vec<String> = match rest.strip_prefix('{') {
-                Some(group) => group[..group.find('}').unwrap_or(group.len())]
-                    .split(',')
-                    .map(|part| ident(part.trim_start()))
-                    .collect(),
-                None => vec![ident(rest)],
-            };
+            let names = names_after(&text[at + prefix.len()..]);
             named.extend(names.into_iter().filter(|n| siblings.contains(n)));
         }
     }
