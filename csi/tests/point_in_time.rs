@@ -8,6 +8,9 @@
 //! stamp written to it up to that one; it holds every stamp acknowledged before
 //! CreateSnapshot was called and none started after it returned.
 //!
+//! A Mount volume is checked the same way with a writer appending acknowledged records to
+//! a file in its filesystem.
+//!
 //! Needs root (loop devices, mounts), `losetup`, `qemu-img`, `mkfs.ext4`, `mkfs.xfs`.
 
 mod common;
@@ -118,23 +121,27 @@ fn snapshot_req(name: &str, source: &str) -> CreateSnapshotRequest {
     }
 }
 
-fn restore_req(name: &str, snapshot: &str) -> CreateVolumeRequest {
+fn restore_req(name: &str, snapshot: &str, cap: VolumeCapability) -> CreateVolumeRequest {
     CreateVolumeRequest {
         volume_content_source: Some(VolumeContentSource {
             r#type: Some(SourceType::Snapshot(SnapshotSource {
                 snapshot_id: snapshot.into(),
             })),
         }),
-        ..volume_req(name, SIZE, block_cap())
+        ..volume_req(name, SIZE, cap)
     }
 }
 
 /// Restores `snapshot` into a new volume, retrying while its image is still being made,
 /// as the CO does.
-async fn restore(c: &mut Clients, name: &str, snapshot: &str) -> String {
+async fn restore(c: &mut Clients, name: &str, snapshot: &str, cap: VolumeCapability) -> String {
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        match c.ctl.create_volume(restore_req(name, snapshot)).await {
+        match c
+            .ctl
+            .create_volume(restore_req(name, snapshot, cap.clone()))
+            .await
+        {
             Ok(r) => return r.into_inner().volume.expect("a volume").volume_id,
             Err(e) if Instant::now() < deadline && is_retry(&e) => {
                 tokio::time::sleep(Duration::from_millis(200)).await
@@ -219,7 +226,7 @@ async fn snapshots_under_a_writer(server: &Server, cut_log: &str) {
 
     let mut failures = Vec::new();
     for (i, (snapshot, before, after)) in taken.iter().enumerate() {
-        let restored = restore(&mut c, &format!("restored-{i}"), snapshot).await;
+        let restored = restore(&mut c, &format!("restored-{i}"), snapshot, block_cap()).await;
         let bytes = read_published(&mut c, &restored, &server.path().join("pods/restored")).await;
         match instant_of(&bytes) {
             Ok(newest) if newest < *before => failures.push(format!(
@@ -244,4 +251,107 @@ async fn snapshots_under_a_writer(server: &Server, cut_log: &str) {
         cuts, SNAPSHOTS as usize,
         "cuts logged as {cut_log:?}:\n{log}"
     );
+}
+
+/// Appends records 1, 2, … (8 bytes each, O_DSYNC) to `path` in a mounted filesystem until
+/// `stop`; `done` is the last acknowledged record.
+fn appending_writer(
+    path: PathBuf,
+    done: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Duration> {
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .custom_flags(libc::O_DSYNC)
+            .open(&path)
+            .unwrap();
+        let mut longest = Duration::ZERO;
+        let mut n = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            n += 1;
+            let started = Instant::now();
+            file.write_all(&n.to_le_bytes()).unwrap();
+            longest = longest.max(started.elapsed());
+            done.store(n, Ordering::SeqCst);
+        }
+        longest
+    })
+}
+
+/// A published Mount volume (ext4, frozen for each cut) under a writer appending
+/// acknowledged records: each restored snapshot holds records 1..=k and nothing else, with
+/// every record acknowledged before CreateSnapshot was called and none started after it
+/// returned.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_of_a_mount_volume_under_a_writer_are_each_one_instant() {
+    const CUTS: u64 = 10;
+    let server = Server::start_on(StoreFs::Ext4(4 << 30));
+    let mut c = server.clients().await;
+    let volume = c.volume(volume_req("mounted", SIZE, mount_cap())).await;
+    let target = server.path().join("pods/mounted");
+    fs::create_dir_all(&target).unwrap();
+    c.publish(&volume, &target.to_string_lossy(), mount_cap())
+        .await
+        .expect("publishing the volume");
+
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = appending_writer(target.join("log"), done.clone(), stop.clone());
+    let mut taken = Vec::new();
+    for i in 0..CUTS {
+        while done.load(Ordering::SeqCst) < (i + 1) * 200 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let before = done.load(Ordering::SeqCst);
+        let snapshot = c
+            .ctl
+            .create_snapshot(snapshot_req(&format!("fs-cut-{i}"), &volume))
+            .await
+            .expect("CreateSnapshot")
+            .into_inner()
+            .snapshot
+            .expect("a snapshot");
+        taken.push((snapshot.snapshot_id, before, done.load(Ordering::SeqCst)));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let longest = writer.join().unwrap();
+    eprintln!("the appending writer's longest write took {longest:?}");
+
+    let mut failures = Vec::new();
+    let seen = server.path().join("pods/restored-fs");
+    fs::create_dir_all(&seen).unwrap();
+    for (i, (snapshot, before, after)) in taken.iter().enumerate() {
+        let restored = restore(&mut c, &format!("fs-restored-{i}"), snapshot, mount_cap()).await;
+        c.publish(&restored, &seen.to_string_lossy(), mount_cap())
+            .await
+            .expect("publishing the restored volume");
+        let log = fs::read(seen.join("log")).unwrap_or_default();
+        c.unpublish(&restored, &seen.to_string_lossy())
+            .await
+            .expect("unpublishing the restored volume");
+        c.delete_volume(&restored).await;
+        let records: Vec<u64> = log
+            .chunks(8)
+            .map(|r| u64::from_le_bytes(r.try_into().unwrap_or([0xff; 8])))
+            .collect();
+        let k = records.len() as u64;
+        if let Some(at) = (0..k).find(|&j| records[j as usize] != j + 1) {
+            failures.push(format!(
+                "snapshot {i}: record {at} is {}",
+                records[at as usize]
+            ));
+        } else if k < *before || k > after + 1 {
+            failures.push(format!(
+                "snapshot {i}: {k} records, but {before} were acknowledged before it and \
+                 {after} when it returned"
+            ));
+        }
+    }
+    c.unpublish(&volume, &target.to_string_lossy())
+        .await
+        .expect("unpublishing the volume");
+    assert!(failures.is_empty(), "{failures:#?}");
 }
