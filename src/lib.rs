@@ -10,10 +10,11 @@
 //!    [`quota::Accounting`], and is known to it only as [`quota::Object`]s, so the
 //!    dependency runs one way.
 //! 3. [`view`]: the union of local over remote and the synthesized remote-RO layout.
-//! 4. [`fs`]: the FUSE glue, requests to view calls; [`refresh`]: rescans the remote, swaps
+//! 4. [`notice`]: telling the kernel what to forget, for all that follows.
+//! 5. [`fs`]: the FUSE glue, requests to view calls; [`refresh`]: rescans the remote, swaps
 //!    the index and tells the kernel what to forget; [`metrics`]: counters and the
 //!    Prometheus endpoint.
-//! 5. The edge: [`config`] (options), [`mount`], [`expose`], [`launch`], [`daemon`],
+//! 6. The edge: [`config`] (options), [`mount`], [`expose`], [`launch`], [`daemon`],
 //!    [`local_lock`], [`logging`] and [`error`] (starting and serving a mount), [`control`]
 //!    (the control socket and the commands that use it), [`cli`].
 //!
@@ -33,6 +34,7 @@ pub mod local_lock;
 pub mod logging;
 pub mod metrics;
 pub mod mount;
+pub mod notice;
 pub mod quota;
 pub mod refresh;
 pub mod report;

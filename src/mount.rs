@@ -18,6 +18,7 @@ use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
 use crate::fs::{ring, LayerFs, Timeouts, Transport, CROWD_THREADS, SYNC_THREADS};
 use crate::layout::{LayoutIndex, Scanner};
 use crate::metrics::{InodeCounts, Metrics, Sources};
+use crate::notice::Wire;
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
 use crate::report::{ImageInfo, LayerInfo, QuotaAnswer, QuotaRequest, RoundReport, Status};
 use crate::store::atime::{self, AccessTimes, Atime};
@@ -135,21 +136,17 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
             source,
         })?;
     notices
-        .start(session.notifier(), device)
-        .and_then(|()| {
-            crate::fs::trim::spawn(&view, session.notifier(), notices, &config.mountpoint)
-        })
+        .start(Arc::new(Wire::new(session.notifier(), device)))
+        .and_then(|()| crate::fs::trim::spawn(&view, notices.clone(), &config.mountpoint))
         .map_err(|source| Error::Mount {
             path: config.mountpoint.clone(),
             source,
         })?;
     let handle: Arc<RefreshHandle> = refresher.handle();
-    refresher
-        .start(Box::new(session.notifier()))
-        .map_err(|source| Error::Mount {
-            path: config.mountpoint.clone(),
-            source,
-        })?;
+    refresher.start(notices).map_err(|source| Error::Mount {
+        path: config.mountpoint.clone(),
+        source,
+    })?;
     let control = Arc::new(Control {
         refresh: handle.clone(),
         view: view.clone(),

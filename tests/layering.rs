@@ -12,6 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["store", "layout"],
     &["report", "quota"],
     &["view"],
+    &["notice"],
     &["fs", "refresh", "metrics"],
     &[
         "config",

@@ -19,10 +19,10 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::notify::Notices;
 use super::pool::{Load, Pool};
 use super::{creator, outcome, time, Core, Handed, Timeouts, Transport, Who};
 use crate::metrics::{FsTables, Metrics};
+use crate::notice::Notices;
 use crate::view::attrs::SetAttr;
 use crate::view::{Layer, View};
 

@@ -18,7 +18,6 @@ pub use dispatch::LayerFs;
 pub(crate) use dispatch::{CROWD_THREADS, SYNC_THREADS};
 pub mod handles;
 pub mod kernel_mount;
-pub mod notify;
 pub mod pool;
 pub mod ring;
 pub mod trim;
@@ -39,6 +38,7 @@ use nix::errno::Errno;
 use parking_lot::Mutex;
 use tracing::{debug, info};
 
+use crate::notice::Notices;
 use crate::quota::Reserved;
 use crate::store::creds;
 use crate::view::attrs::{SetAttr, Time};
@@ -46,7 +46,6 @@ use crate::view::{Caller, Entry, Layer, Node, View};
 use attr::{file_attr, file_type};
 use backing::{BackingTable, Grant, Opening, Rights};
 use handles::{DirHandle, FileHandle as OpenFile, Handle, HandleTable};
-use notify::Notices;
 
 /// How long the kernel trusts the attributes a CREATE answers with, of a file it opens for
 /// writing through passthrough, which a shared mapping may change unseen. Not zero: the

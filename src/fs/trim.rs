@@ -11,7 +11,7 @@
 //! The kernel drops a name only with its directory locked, and a lookup waiting on a
 //! stalled remote holds its directory (shared) for as long as the remote stalls. Names in
 //! directories whose lookups may ask the remote are therefore handed to the notices' queue
-//! near the remote (see `fs::notify`), which such a stall may hold up, while threads of this
+//! near the remote (see `notice`), which such a stall may hold up, while threads of this
 //! module go on dropping the names in local directories: local paths keep their descriptors
 //! whatever the remote does. Those threads take one directory each, since a local directory
 //! can be held too: by a create waiting for a descriptor (see [`Droppers`]). While that
@@ -44,14 +44,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use fuser::{INodeNo, Notifier};
 use nix::errno::Errno;
 use parking_lot::Mutex;
 use tracing::{debug, warn};
 
 use crate::fs::kernel_mount::FSTYPE;
-use crate::fs::notify::Notices;
 use crate::fs::pool;
+use crate::notice::{Kernel, Notices};
 use crate::store::mountinfo;
 use crate::view::View;
 
@@ -65,12 +64,10 @@ const RETRY: Duration = Duration::from_millis(5);
 
 /// Starts watching the inode table of `view`, mounted at `mountpoint`, for as long as the
 /// view lives. Names near the remote go to `notices`.
-pub fn spawn(
-    view: &Arc<View>,
-    notifier: Notifier,
-    notices: Arc<Notices>,
-    mountpoint: &Path,
-) -> std::io::Result<()> {
+pub fn spawn(view: &Arc<View>, notices: Arc<Notices>, mountpoint: &Path) -> std::io::Result<()> {
+    let kernel = notices
+        .kernel()
+        .ok_or_else(|| std::io::Error::other("trimming needs the session's notices started"))?;
     let mountpoint = mountinfo::resolve_mountpoint(mountpoint);
     let limit = open_file_limit();
     // Nodes, not descriptors: a merged directory holds two, open files hold one more each,
@@ -80,7 +77,7 @@ pub fn spawn(
     view.inodes.watch(high, low, tell);
     // Opened now: a round is most needed when the daemon has no descriptor left to open it.
     let mut table = mountinfo::Table::open()?;
-    let droppers = Droppers::start(notifier)?;
+    let droppers = Droppers::start(kernel)?;
     let view: Weak<View> = Arc::downgrade(view);
     std::thread::Builder::new()
         .name("trim".into())
@@ -176,17 +173,17 @@ const DROPPERS: usize = 8;
 
 impl Droppers {
     /// Starts the threads; they end once the `Droppers` is dropped and their work done.
-    fn start(notifier: Notifier) -> std::io::Result<Droppers> {
+    fn start(kernel: Arc<dyn Kernel>) -> std::io::Result<Droppers> {
         let (jobs, queue) = crossbeam_channel::bounded::<(u64, Vec<OsString>)>(DROPPERS);
         let busy: Arc<Mutex<HashSet<u64>>> = Arc::default();
         for i in 0..DROPPERS {
-            let (queue, busy, notifier) = (queue.clone(), busy.clone(), notifier.clone());
+            let (queue, busy, kernel) = (queue.clone(), busy.clone(), kernel.clone());
             std::thread::Builder::new()
                 .name(format!("trim-drop-{i}"))
                 .spawn(move || {
                     for (parent, names) in queue {
                         for name in names {
-                            let _ = notifier.inval_entry(INodeNo(parent), &name);
+                            let _ = kernel.inval_entry(parent, &name);
                         }
                         busy.lock().remove(&parent);
                     }

@@ -15,46 +15,15 @@
 //! Synthesized symlinks that disappear or change target lose their number first, so the
 //! kernel, asking again, gets a new node rather than its cached target.
 //!
-//! Notifications go through the FUSE device and may wait for the kernel's locks on the
-//! directory, which a request in progress may hold: they are sent by a thread of their own
-//! (see [`super::courier`]), never from a thread serving requests (that would deadlock). A
-//! notification about something the kernel does not cache fails with `ENOENT`, which is
-//! success here.
+//! The notices are sent by `notice`, after those of earlier rounds.
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
-use std::io;
 
 use super::diff::{Diff, ZoneKey};
 use crate::layout::isulad_config_file_name;
+use crate::notice::Notice;
 use crate::view::View;
-
-/// Where invalidations go: the FUSE notifier, or a recorder in tests.
-pub trait Kernel: Send {
-    fn inval_entry(&self, parent: u64, name: &OsStr) -> io::Result<()>;
-    /// Attributes and all cached data of one inode.
-    fn inval_inode(&self, ino: u64) -> io::Result<()>;
-}
-
-impl Kernel for fuser::Notifier {
-    fn inval_entry(&self, parent: u64, name: &OsStr) -> io::Result<()> {
-        fuser::Notifier::inval_entry(self, fuser::INodeNo(parent), name)
-    }
-
-    fn inval_inode(&self, ino: u64) -> io::Result<()> {
-        // Offset 0, length 0: the attributes and every cached page.
-        fuser::Notifier::inval_inode(self, fuser::INodeNo(ino), 0, 0)
-    }
-}
-
-/// One notice for the kernel.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Notice {
-    /// `inval_entry`: the name `.1` in the directory `.0`.
-    Entry(u64, OsString),
-    /// `inval_inode`: the attributes and cached data of an inode.
-    Inode(u64),
-}
 
 /// The notices for `diff`, in the order to send them. Call after the new index is in place:
 /// synthesized symlinks that changed lose their numbers here.

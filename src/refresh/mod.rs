@@ -52,7 +52,7 @@
 //!
 //! The refresher thread and the control socket never wait on the remote longer than
 //! `scan_timeout`: not for a scan, nor for the kernel to take a round's invalidations, which
-//! wait for any lookup stuck on the remote in the same directory ([`courier`]). Requests
+//! wait for any lookup stuck on the remote in the same directory (see `notice`). Requests
 //! never wait on it unless they need remote data: those run on the remote pool (see
 //! `fs::remote`), and everything else (the root, the layout directories, which are listed
 //! from the index, container directories) never touches the remote.
@@ -64,7 +64,6 @@
 //! once more when it becomes ready or goes away: not once per round.
 
 pub mod anchor;
-mod courier;
 pub mod diff;
 mod handle;
 pub mod invalidate;
@@ -83,14 +82,13 @@ use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::layout::{self, LayoutIndex, Scanner};
+use crate::notice::{Notice, Notices};
 use crate::report::{Kind, NotReadyRef, RemoteHealth, RoundReport};
 use crate::view::View;
 use anchor::{Anchor, Probed};
-use courier::Courier;
 use diff::Diff;
 pub use handle::RefreshHandle;
 use handle::{Request, State};
-use invalidate::{Kernel, Notice};
 
 /// How long inotify events are collected before they trigger one round: a pull writes many
 /// files in a burst.
@@ -196,8 +194,8 @@ struct Scanned {
 pub struct Refresher {
     view: Arc<View>,
     slot: Option<Slot>,
-    /// Sends what rounds tell the kernel, once started.
-    kernel: Option<Courier>,
+    /// Where rounds tell the kernel what they change, once started.
+    notices: Option<Arc<Notices>>,
     state: Arc<Mutex<State>>,
     rx: Receiver<Request>,
     handle: Arc<RefreshHandle>,
@@ -252,7 +250,7 @@ impl Refresher {
         Refresher {
             view,
             slot: Some(Slot::Idle(source)),
-            kernel: None,
+            notices: None,
             state,
             rx,
             handle,
@@ -278,9 +276,10 @@ impl Refresher {
         self.handle.clone()
     }
 
-    /// Starts the refresher thread. From now on rounds tell `kernel` what they change.
-    pub fn start(mut self, kernel: Box<dyn Kernel>) -> std::io::Result<JoinHandle<()>> {
-        self.kernel = Some(Courier::start(kernel)?);
+    /// Starts the refresher thread. From now on rounds tell the kernel what they change,
+    /// through `notices`.
+    pub fn start(mut self, notices: Arc<Notices>) -> std::io::Result<JoinHandle<()>> {
+        self.notices = Some(notices);
         if self.options.inotify && !self.options.interval.is_zero() {
             let driver = self.handle.info.driver.clone();
             self.watcher = watch::Watcher::start(&self.remote, &driver, &self.handle);
@@ -517,11 +516,11 @@ impl Refresher {
     /// Sends `notices`, waiting for them at most the scan timeout: past it, a request stuck
     /// on the remote holds a directory they need, and they are sent once it returns.
     fn tell_kernel(&self, notices: Vec<Notice>, what: &str) {
-        let Some(courier) = self.kernel.as_ref().filter(|_| !notices.is_empty()) else {
+        let Some(kernel) = self.notices.as_ref().filter(|_| !notices.is_empty()) else {
             return;
         };
         let count = notices.len();
-        match courier.deliver(notices, self.options.scan_timeout) {
+        match kernel.deliver(notices, self.options.scan_timeout) {
             Some(failed) => debug!(notices = count, failed, "{what}"),
             None => warn!(
                 notices = count,

@@ -11,10 +11,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use parking_lot::Mutex;
 
-use super::courier::Courier;
 use super::diff::{Diff, ZoneKey};
-use super::invalidate::Kernel;
 use super::*;
+use crate::notice::{Cached, Kernel, Notices};
 use crate::report::Kind;
 use crate::view::identity::ROOT_INO;
 use crate::view::{open_root, Layout, LinkStyle};
@@ -73,10 +72,26 @@ impl Kernel for Recorder {
             .push(format!("entry {parent} {}", name.to_string_lossy()));
         Ok(())
     }
-    fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
-        self.calls.lock().push(format!("inode {ino}"));
+    fn expire_entry(&self, parent: u64, name: &OsStr) -> std::io::Result<()> {
+        self.calls
+            .lock()
+            .push(format!("expire {parent} {}", name.to_string_lossy()));
         Ok(())
     }
+    fn inval_inode(&self, ino: u64, what: Cached) -> std::io::Result<()> {
+        self.calls.lock().push(match what {
+            Cached::Everything => format!("inode {ino}"),
+            Cached::Attributes => format!("attributes {ino}"),
+        });
+        Ok(())
+    }
+}
+
+/// The view's notices, sent to `kernel`.
+fn started(f: &Fixture, kernel: impl Kernel + 'static) -> Arc<Notices> {
+    let notices = Arc::new(Notices::new(&f.view));
+    notices.start(Arc::new(kernel)).unwrap();
+    notices
 }
 
 struct Fixture {
@@ -311,7 +326,7 @@ fn invalidation_names_exactly_what_changed() {
     let f = fixture();
     let mut r = refresher(&f, options(false));
     let recorder = Recorder::default();
-    r.kernel = Some(Courier::start(Box::new(recorder.clone())).unwrap());
+    r.notices = Some(started(&f, recorder.clone()));
     r.round();
     // The kernel knows the layout directories once they are looked up.
     let images = f
@@ -369,8 +384,11 @@ impl Kernel for StuckOn {
         }
         self.then.inval_entry(parent, name)
     }
-    fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
-        self.then.inval_inode(ino)
+    fn expire_entry(&self, parent: u64, name: &OsStr) -> std::io::Result<()> {
+        self.then.expire_entry(parent, name)
+    }
+    fn inval_inode(&self, ino: u64, what: Cached) -> std::io::Result<()> {
+        self.then.inval_inode(ino, what)
     }
 }
 
@@ -391,7 +409,7 @@ fn rounds_go_on_while_an_invalidation_waits_for_a_stuck_directory() {
         until,
         then: recorder.clone(),
     };
-    r.kernel = Some(Courier::start(Box::new(stuck)).unwrap());
+    r.notices = Some(started(&f, stuck));
     let timer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(5));
         drop(release);
