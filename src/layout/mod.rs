@@ -36,6 +36,7 @@
 //! [`Scanner`] instead, which remembers what it read and, on the next scan, reads only the
 //! directories and objects whose stamps changed (see `incremental`).
 
+mod area;
 mod fingerprint;
 mod incremental;
 mod isulad;
@@ -52,8 +53,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+pub use area::{ScanFailure, ScanStats};
 pub use fingerprint::{Fingerprint, Part, Stamp};
-pub use incremental::{ScanFailure, ScanStats, Scanner, RACY_MARGIN};
+pub use incremental::{Scanner, RACY_MARGIN};
 pub(crate) use isulad::config_file_name as isulad_config_file_name;
 pub use nofollow::{note_shortage, ran_short};
 
