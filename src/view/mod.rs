@@ -51,6 +51,7 @@ pub mod names;
 pub mod namespace;
 pub mod node;
 pub mod refresh;
+mod rename;
 pub mod roots;
 pub mod route;
 #[cfg(test)]
