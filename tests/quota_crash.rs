@@ -47,8 +47,8 @@ fn remount_after_kill(m: &mut Mount) {
 
 /// Looks the quota roots up through the view once. `layerfs quota get|set` of a path the
 /// kernel has not looked up since the mount is a separate matter, covered by
-/// `cli_get_right_after_a_remount` in `tests/quota.rs`; here it must not hide what a crash
-/// did to usage.
+/// `cli_get_right_after_a_remount` in `tests/quota_control.rs`; here it must not hide what
+/// a crash did to usage.
 fn look_up_roots(m: &Mount) {
     for d in ["overlay/a", "overlay/b", "overlay/c1"] {
         let _ = fs::symlink_metadata(m.path(d));
