@@ -2,7 +2,11 @@
 //! temp dir, an empty local, unmounted on drop even when the test panics, the remote checked
 //! byte for byte afterwards) or trees of its own with [`RawMount`], reads what the view shows
 //! with the tree and file helpers, and waits with [`eventually`] rather than sleeping. Suites
-//! that need iSulad's objects in the remote write them with [`isulad`].
+//! that play the writer host build its tree with [`isulad`], named and written as iSulad does.
+//!
+//! `use common::*` brings everything but the parts with a vocabulary of their own, which a
+//! suite names when it needs them: [`isulad`] (the writer host's model) and [`scenario`]
+//! (rounds on demand and what the view must show of that model).
 
 #![allow(dead_code)]
 
@@ -13,6 +17,7 @@ mod kernel;
 mod mount;
 mod poll;
 mod process;
+pub mod scenario;
 
 // Each suite uses a part of the kit; what one leaves unused is not dead.
 #[allow(unused_imports)]
