@@ -1,16 +1,20 @@
 //! What a tree and its files hold, as plain system calls see them, through the view or beside
-//! it: digests of whole trees, listings, `d_type`s, xattrs, whiteouts, allocated blocks; and
-//! the special files and data tests make.
+//! it: digests of whole trees, listings, `d_type`s, modes, xattrs, whiteouts, allocated
+//! blocks; the special files and data tests make; and a plain directory of the host
+//! filesystem to run the same calls on as a reference.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
 use sha2::{Digest, Sha256};
+
+use super::sys::cpath;
+use super::{drop_caches, Mount};
 
 /// `cp -a`, keeping modes, links and times.
 pub fn copy_tree(from: &Path, to: &Path) {
@@ -95,6 +99,11 @@ pub fn names(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Whether `name` shows in a readdir of `dir`.
+pub fn listed(dir: &Path, name: &str) -> bool {
+    names(dir).iter().any(|n| n == name)
+}
+
 /// `d_type` of every entry of a directory as readdir returns it, `.` and `..` included.
 /// `None` is `DT_UNKNOWN`.
 pub fn raw_dtypes(dir: &Path) -> BTreeMap<String, Option<nix::dir::Type>> {
@@ -133,6 +142,13 @@ pub fn dtypes(dir: &Path) -> BTreeMap<String, &'static str> {
         .collect()
 }
 
+pub fn mode_of(p: &Path) -> u32 {
+    fs::symlink_metadata(p)
+        .unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()))
+        .mode()
+        & 0o7777
+}
+
 /// Whether `path` itself, not what it points to, is a symlink.
 pub fn is_symlink(path: &Path) -> bool {
     fs::symlink_metadata(path)
@@ -151,14 +167,9 @@ pub fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
 
-fn c_path(path: &Path) -> std::ffi::CString {
-    use std::os::unix::ffi::OsStrExt;
-    std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path without NUL")
-}
-
 /// `lgetxattr(2)` of one attribute (symlinks are not followed).
 pub fn xattr_get(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
-    let (p, n) = (c_path(path), std::ffi::CString::new(name).unwrap());
+    let (p, n) = (cpath(path), std::ffi::CString::new(name).unwrap());
     let mut buf = vec![0u8; 65536];
     let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if r < 0 {
@@ -170,7 +181,7 @@ pub fn xattr_get(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
 
 /// `lsetxattr(2)` with no flags.
 pub fn xattr_set(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
-    let (p, n) = (c_path(path), std::ffi::CString::new(name).unwrap());
+    let (p, n) = (cpath(path), std::ffi::CString::new(name).unwrap());
     let r = unsafe {
         libc::lsetxattr(
             p.as_ptr(),
@@ -188,7 +199,7 @@ pub fn xattr_set(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
 
 /// `lremovexattr(2)`.
 pub fn xattr_remove(path: &Path, name: &str) -> std::io::Result<()> {
-    let (p, n) = (c_path(path), std::ffi::CString::new(name).unwrap());
+    let (p, n) = (cpath(path), std::ffi::CString::new(name).unwrap());
     if unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -197,7 +208,7 @@ pub fn xattr_remove(path: &Path, name: &str) -> std::io::Result<()> {
 
 /// `llistxattr(2)`, names sorted.
 pub fn xattr_list(path: &Path) -> std::io::Result<Vec<String>> {
-    let p = c_path(path);
+    let p = cpath(path);
     let mut buf = vec![0u8; 65536];
     let r = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if r < 0 {
@@ -216,6 +227,30 @@ pub fn xattr_list(path: &Path) -> std::io::Result<Vec<String>> {
 pub fn is_whiteout(path: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == 0)
+}
+
+/// After the call failed, `name` in `dir` (a layer dir of the view, deleted before) must
+/// still be absent: the whiteout in local is still there and the view shows nothing, also
+/// once the kernel forgot what it knew.
+pub fn assert_still_deleted(m: &Mount, rel_dir: &str, name: &str, what: &str) {
+    let view = m.diff("L1").join(rel_dir).join(name);
+    let local = m.local_diff("L1").join(rel_dir).join(name);
+    drop_caches();
+    if let Ok(st) = fs::symlink_metadata(&view) {
+        panic!(
+            "{what}: the deleted remote {rel_dir}/{name} is back in the view (mode {:o}, {} bytes)",
+            st.mode(),
+            st.len()
+        );
+    }
+    assert!(
+        !listed(&m.diff("L1").join(rel_dir), name),
+        "{what}: the deleted remote {rel_dir}/{name} is listed again"
+    );
+    assert!(
+        is_whiteout(&local),
+        "{what}: the whiteout of {rel_dir}/{name} in local is gone"
+    );
 }
 
 /// Makes a special file (`kind` is `S_IFCHR`, `S_IFBLK` or `S_IFSOCK`) with mode `perm`.
@@ -292,4 +327,15 @@ pub fn assert_no_temp_names(root: &Path) {
             assert_no_temp_names(&e.path());
         }
     }
+}
+
+/// A plain directory of the host filesystem, readable by everyone, to run the same calls on
+/// as a reference.
+pub fn reference_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("layerfs-integrity-ref")
+        .tempdir()
+        .expect("tempdir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    dir
 }

@@ -5,8 +5,8 @@
 //! that play the writer host build its tree with [`isulad`], named and written as iSulad does.
 //!
 //! `use common::*` brings everything but the parts with a vocabulary of their own, which a
-//! suite names when it needs them: [`isulad`] (the writer host's model) and [`scenario`]
-//! (rounds on demand and what the view must show of that model).
+//! suite names when it needs them: [`isulad`] (the writer host's model), [`scenario`] (rounds
+//! on demand and what the view must show of that model) and [`sys`] (raw system calls).
 
 #![allow(dead_code)]
 
@@ -18,6 +18,8 @@ mod mount;
 mod poll;
 mod process;
 pub mod scenario;
+pub mod sys;
+mod watchdog;
 
 // Each suite uses a part of the kit; what one leaves unused is not dead.
 #[allow(unused_imports)]
@@ -29,4 +31,5 @@ pub use self::{
     mount::*,
     poll::*,
     process::*,
+    watchdog::*,
 };

@@ -59,6 +59,15 @@ pub fn quota_cmd(m: &Mount, sub: &str, rest: &[&str]) -> Output {
         .expect("run layerfs quota")
 }
 
+pub fn quota_set(m: &Mount, rel: &str, size: &str) {
+    let out = quota_cmd(m, "set", &[rel, size]);
+    assert!(
+        out.status.success(),
+        "layerfs quota set {rel} {size}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Whether the process `pid` has exited (a zombie waiting to be reaped), read from /proc so
 /// that its pipes stay readable by `wait_with_output`.
 pub fn exited(pid: u32) -> bool {
