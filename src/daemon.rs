@@ -15,12 +15,26 @@ use nix::unistd::{fork, ForkResult};
 /// The child's end of the readiness pipe.
 pub struct Readiness {
     pipe: Option<File>,
+    /// Whether `READY=1` goes to systemd from here: not from a daemon a keeper started,
+    /// since systemd hears only its main process, the keeper.
+    systemd: bool,
 }
 
 impl Readiness {
     /// For a foreground mount: there is nobody to tell.
     pub fn foreground() -> Readiness {
-        Readiness { pipe: None }
+        Readiness {
+            pipe: None,
+            systemd: true,
+        }
+    }
+
+    /// For a daemon a keeper started: its word goes to the keeper, which passes it on.
+    pub fn to_keeper(pipe: File) -> Readiness {
+        Readiness {
+            pipe: Some(pipe),
+            systemd: false,
+        }
     }
 
     /// Tells the waiting parent (or systemd) the mount is live, and cuts a detached daemon
@@ -30,11 +44,16 @@ impl Readiness {
             let _ = pipe.write_all(b"ok\n");
             detach_stdio();
         }
-        if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        if self.systemd && std::env::var_os("NOTIFY_SOCKET").is_some() {
             if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
                 tracing::warn!(error = %e, "could not tell systemd the mount is ready");
             }
         }
+    }
+
+    /// Closes this process's end of the pipe without a word: another process speaks.
+    pub fn let_go(&mut self) {
+        self.pipe = None;
     }
 
     /// Tells the waiting parent why mounting failed; `false` when there is no parent
@@ -64,6 +83,7 @@ pub fn detach(failure_code: i32) -> std::io::Result<Readiness> {
             let _ = std::env::set_current_dir("/");
             Ok(Readiness {
                 pipe: Some(File::from(write)),
+                systemd: true,
             })
         }
     }

@@ -9,7 +9,8 @@
 //! 3. Log: to stderr in the foreground; detached, to `log_file`, else the journal when there
 //!    is one, else a default file (`logging`), and warnings to stderr until the daemon lets
 //!    go of the terminal. A startup error is printed once, by whoever is on the terminal.
-//! 4. Serve until unmounted, telling systemd (`Type=notify`) once the mount is live.
+//! 4. Serve until unmounted, telling systemd (`Type=notify`) once the mount is live; with
+//!    `-o keeper`, through a keeper that restarts a daemon that dies (see `keeper`).
 
 use crate::config::MountConfig;
 use crate::daemon::{self, Readiness};
@@ -30,6 +31,20 @@ pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
         daemon::detach(failure_code).map_err(Error::Detach)?
     };
     crate::logging::init(&config);
+    if config.keeper {
+        // The keeper tells whoever waits, and says why a start failed; a daemon it started
+        // logs its own errors.
+        return match crate::keeper::keep(&config, &mut readiness, crate::mount::serve_kept) {
+            Ok(0) => Ok(()),
+            Ok(_) => std::process::exit(failure_code),
+            Err(e) if config.foreground => Err(e),
+            Err(e) => {
+                readiness.failed(&e.to_string());
+                tracing::error!(target: crate::logging::STARTUP_FAILURE, error = %e, "mount failed");
+                std::process::exit(failure_code)
+            }
+        };
+    }
     let result = crate::mount::serve(&config, &mut readiness);
     if let Err(e) = &result {
         // Said once on the terminal: by the caller in the foreground, else by the waiting

@@ -14,7 +14,7 @@
 //! 5. [`fs`]: the FUSE glue, requests to view calls; [`refresh`]: rescans the remote, swaps
 //!    the index and tells the kernel what to forget; [`metrics`]: counters and the
 //!    Prometheus endpoint.
-//! 6. The edge: [`config`] (options), [`mount`], [`expose`], [`launch`], [`daemon`],
+//! 6. The edge: [`config`] (options), [`mount`], [`keeper`], [`expose`], [`launch`], [`daemon`],
 //!    [`local_lock`], [`logging`] and [`error`] (starting and serving a mount), [`control`]
 //!    (the control socket and the commands that use it), [`cli`].
 //!
@@ -28,6 +28,7 @@ pub mod daemon;
 pub mod error;
 pub mod expose;
 pub mod fs;
+pub mod keeper;
 pub mod launch;
 pub mod layout;
 pub mod local_lock;

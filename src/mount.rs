@@ -16,6 +16,7 @@ use crate::daemon::Readiness;
 use crate::error::{Error, Result};
 use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
 use crate::fs::{ring, LayerFs, Timeouts, Transport, CROWD_THREADS, SYNC_THREADS};
+use crate::keeper::Kept;
 use crate::layout::{LayoutIndex, Scanner};
 use crate::metrics::{InodeCounts, Metrics, Sources};
 use crate::notice::Wire;
@@ -27,6 +28,16 @@ use crate::view::{open_root, Layout, View};
 /// Mounts and serves until the filesystem is unmounted (by `umount`, `fusermount3 -u`, or
 /// a SIGTERM/SIGINT/SIGHUP to the daemon). `readiness` is told once the mount is live.
 pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
+    serve_on(config, None, readiness)
+}
+
+/// Serves the mount a keeper made and holds (see [`crate::keeper`]): the first daemon
+/// reads the INIT, a later one resumes the connection where the dead one left it.
+pub fn serve_kept(config: &MountConfig, kept: Kept, readiness: &mut Readiness) -> Result<()> {
+    serve_on(config, Some(kept), readiness)
+}
+
+fn serve_on(config: &MountConfig, kept: Option<Kept>, readiness: &mut Readiness) -> Result<()> {
     // Modes arrive from the kernel with the caller's umask already applied.
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     raise_fd_limit();
@@ -113,7 +124,7 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     };
     let transport = Transport {
         passthrough: config.passthrough,
-        io_uring: config.io_uring,
+        io_uring: config.io_uring && !kept_ring_refused(config, kept.is_some()),
         keep_cache: config.atime.files != Atime::StrictAtime,
     };
     let fs = LayerFs::new(
@@ -129,12 +140,21 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
     })?;
     let notices = fs.notices();
     let ring_negotiated = fs.ring_negotiated();
+    let restarts = kept.as_ref().map(|k| k.restarts);
 
-    let (session, mut unmounter, device) =
-        open_session(fs, config).map_err(|source| Error::Mount {
-            path: config.mountpoint.clone(),
-            source,
-        })?;
+    let (session, mut unmounter, device) = match kept {
+        Some(kept) => resume_session(fs, config, kept, &view),
+        None => open_session(fs, config),
+    }
+    .map_err(|source| Error::Mount {
+        path: config.mountpoint.clone(),
+        source,
+    })?;
+    // Only the requests a dead daemon had read are sent again; with none, nothing is.
+    let resend = restarts
+        .filter(|n| *n > 0)
+        .and(device.as_ref())
+        .map(|d| d.try_clone());
     notices
         .start(Arc::new(Wire::new(session.notifier(), device)))
         .and_then(|()| crate::fs::trim::spawn(&view, notices.clone(), &config.mountpoint))
@@ -210,9 +230,18 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
         })?;
     let settings = ring::Settings::for_pools(config.remote_threads + SYNC_THREADS + CROWD_THREADS);
     let served = session
-        .run_with(|dispatcher| match ring {
-            Some(device) => ring::start(dispatcher, device, settings, &ring_negotiated),
-            None => Box::new(|| {}),
+        .run_with(|dispatcher| {
+            if let Some(device) = resend {
+                // Once the threads read again: the requests come back to them.
+                match device.and_then(|d| Wire::resend(&d)) {
+                    Ok(()) => info!("asked the kernel to send again what the dead daemon had read"),
+                    Err(e) => warn!(error = %e, "asking the kernel to send unanswered requests again failed; their callers wait until interrupted"),
+                }
+            }
+            match ring {
+                Some(device) => ring::start(dispatcher, device, settings, &ring_negotiated),
+                None => Box::new(|| {}),
+            }
         })
         .map_err(|source| Error::Mount {
             path: config.mountpoint.clone(),
@@ -482,20 +511,8 @@ fn open_session(
         let unmounter = Unmounter::Fuser(session.unmount_callable());
         return Ok((session, unmounter, None));
     }
-    let fsname = config
-        .fsname
-        .clone()
-        .unwrap_or_else(|| config.remote.display().to_string());
-    let spec = MountSpec {
-        mountpoint: &config.mountpoint,
-        fsname: &fsname,
-        allow_other: fuse.acl != SessionACL::Owner,
-        read_only: config.read_only,
-        suid: config.suid,
-        dev: config.dev,
-        atime: config.atime,
-    };
-    let (device, mount) = kernel_mount::mount(&spec)
+    let fsname = fsname(config);
+    let (device, mount) = kernel_mount::mount(&mount_spec(config, &fsname))
         .map_err(|e| std::io::Error::other(format!("mount(2) of fuse.layerfs: {e}")))?;
     let acl = fuse.acl;
     let notices = device.try_clone().ok();
@@ -505,6 +522,74 @@ fn open_session(
             let _ = mount.unmount();
             Err(e)
         }
+    }
+}
+
+/// The session on the connection a keeper holds: read the INIT on the first start, and
+/// record what it settled; on a later one, resume without it, as that record says.
+fn resume_session(
+    fs: LayerFs,
+    config: &MountConfig,
+    kept: Kept,
+    view: &Arc<View>,
+) -> std::io::Result<(Session<LayerFs>, Unmounter, Option<std::os::fd::OwnedFd>)> {
+    let mut fuse = fuse_config(config);
+    // A request read on a cloned descriptor dies with the daemon that read it, and is not
+    // sent again: every thread reads the descriptor the keeper holds.
+    fuse.clone_fd = false;
+    let acl = fuse.acl;
+    let notices = Some(kept.device.try_clone()?);
+    let unmounter = Unmounter::Ours(KernelMount::at(&config.mountpoint));
+    let negotiation = fs.negotiation();
+    let session = if kept.restarts == 0 {
+        let session = Session::from_fd(fs, kept.device, acl, fuse)?;
+        kept.state.save_negotiated(negotiation.get())?;
+        session
+    } else {
+        let negotiated = kept.state.negotiated().ok_or_else(|| {
+            std::io::Error::other("the first daemon died before INIT was over; nothing to resume")
+        })?;
+        negotiation.restore(negotiated);
+        view.resume();
+        info!(
+            restarts = kept.restarts,
+            keeper = kept.keeper,
+            "resuming the connection the keeper holds"
+        );
+        Session::resume(fs, kept.device, acl, fuse)
+    };
+    Ok((session, unmounter, notices))
+}
+
+/// Whether io_uring, asked for, is refused because a keeper holds the connection: the ring's
+/// registrations die with the daemon that made them, and the requests on them are not sent
+/// again, so a kept mount takes its requests through `/dev/fuse`.
+fn kept_ring_refused(config: &MountConfig, kept: bool) -> bool {
+    let refused = config.io_uring && kept;
+    if refused {
+        warn!("io_uring is not used under a keeper: requests go through /dev/fuse, which a restarted daemon resumes");
+    }
+    refused
+}
+
+/// The source `/proc/mounts` shows.
+pub fn fsname(config: &MountConfig) -> String {
+    config
+        .fsname
+        .clone()
+        .unwrap_or_else(|| config.remote.display().to_string())
+}
+
+/// What the kernel is told when layerfs mounts itself (as root).
+pub fn mount_spec<'a>(config: &'a MountConfig, fsname: &'a str) -> MountSpec<'a> {
+    MountSpec {
+        mountpoint: &config.mountpoint,
+        fsname,
+        allow_other: config.allow_other || config.allow_root,
+        read_only: config.read_only,
+        suid: config.suid,
+        dev: config.dev,
+        atime: config.atime,
     }
 }
 

@@ -17,6 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &[
         "config",
         "mount",
+        "keeper",
         "expose",
         "launch",
         "daemon",

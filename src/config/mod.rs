@@ -34,6 +34,8 @@ pub struct MountConfig {
     pub passthrough: bool,
     /// Take requests through FUSE over io_uring when the kernel offers it.
     pub io_uring: bool,
+    /// A keeper holds the connection and restarts a daemon that dies (DESIGN §13).
+    pub keeper: bool,
     pub entry_timeout: Duration,
     pub attr_timeout: Duration,
     pub log_file: Option<PathBuf>,
@@ -79,6 +81,7 @@ impl Default for MountConfig {
             remote_threads: 32,
             passthrough: true,
             io_uring: false,
+            keeper: false,
             entry_timeout: Duration::from_secs(3600),
             attr_timeout: Duration::from_secs(3600),
             log_file: None,
@@ -145,6 +148,13 @@ impl MountConfig {
         }
         if let Some(root) = &self.expose_into {
             self.expose_into = Some(self.check_expose_into(root)?);
+        }
+        // The keeper mounts with mount(2) itself, to hold the device it mounted.
+        if self.keeper && !nix::unistd::geteuid().is_root() {
+            return Err(bad(
+                "keeper",
+                "needs root (the keeper makes the mount itself)",
+            ));
         }
         if let Err(e) = std::fs::OpenOptions::new()
             .read(true)

@@ -292,6 +292,20 @@ pub const OPTIONS: &[MountOption] = &[
         },
     },
     MountOption {
+        usage: "keeper | nokeeper",
+        flag: None,
+        meaning: "a keeper process holds the FUSE connection and restarts a daemon that \
+                  dies, so the mount and the containers on it outlive it (root only; \
+                  requests go through /dev/fuse)",
+        default: "nokeeper",
+        keys: &["keeper", "nokeeper"],
+        takes_value: false,
+        apply: |c, g| {
+            c.keeper = g.key == "keeper";
+            Ok(())
+        },
+    },
+    MountOption {
         usage: "entry_timeout=SECS",
         flag: None,
         meaning: "how long the kernel caches names",

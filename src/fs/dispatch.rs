@@ -20,7 +20,7 @@ use fuser::{
 };
 
 use super::pool::{Load, Pool};
-use super::{creator, outcome, time, Core, Handed, Timeouts, Transport, Who};
+use super::{creator, outcome, time, Core, Handed, Negotiation, Timeouts, Transport, Who};
 use crate::metrics::{FsTables, Metrics};
 use crate::notice::Notices;
 use crate::view::attrs::SetAttr;
@@ -90,6 +90,11 @@ impl LayerFs {
     /// Set at `init` if the kernel took FUSE over io_uring.
     pub fn ring_negotiated(&self) -> Arc<AtomicBool> {
         self.core.ring.clone()
+    }
+
+    /// What `init` settles with the kernel, read after it or restored without it.
+    pub fn negotiation(&self) -> Negotiation {
+        Negotiation(self.core.clone())
     }
 
     /// Where handlers send their notices to the kernel; started once the session exists.

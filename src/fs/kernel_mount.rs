@@ -90,6 +90,13 @@ pub fn mount(spec: &MountSpec<'_>) -> Result<(OwnedFd, KernelMount), Errno> {
 }
 
 impl KernelMount {
+    /// The mount at `mountpoint`, made by another process of ours (a keeper).
+    pub fn at(mountpoint: &Path) -> KernelMount {
+        KernelMount {
+            mountpoint: mountpoint.to_owned(),
+        }
+    }
+
     /// Unmounts, as `umount` would (a busy mount stays).
     pub fn unmount(&self) -> Result<(), Errno> {
         nix::mount::umount(self.mountpoint.as_path())

@@ -16,6 +16,7 @@ mod dispatch;
 
 pub use dispatch::LayerFs;
 pub(crate) use dispatch::{CROWD_THREADS, SYNC_THREADS};
+pub use session::{Negotiated, Negotiation};
 pub mod handles;
 pub mod kernel_mount;
 pub mod pool;

@@ -135,6 +135,11 @@ impl Notices {
         self.expire_only.store(offered, Ordering::Relaxed);
     }
 
+    /// Whether the kernel took expire-only notices at init.
+    pub fn expire_only(&self) -> bool {
+        self.expire_only.load(Ordering::Relaxed)
+    }
+
     /// Makes the kernel look `name` of `parent` up again, detaching what is mounted there.
     pub fn drop_name(&self, parent: u64, name: OsString) {
         let _ = self.queue_of(parent).send(Notice::Entry(parent, name));

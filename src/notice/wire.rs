@@ -40,6 +40,20 @@ impl Wire {
     }
 }
 
+impl Wire {
+    /// Asks the kernel to send again every request a daemon had read and not answered
+    /// (`FUSE_NOTIFY_RESEND`, kernel 6.9 and later): a daemon resuming a connection sends
+    /// it once its threads read, so that the callers of a dead daemon's requests get their
+    /// answers. Resent requests carry the same unique id with bit 63 set.
+    pub fn resend(device: &OwnedFd) -> io::Result<()> {
+        let mut notice = Vec::with_capacity(16);
+        notice.extend_from_slice(&16u32.to_ne_bytes());
+        notice.extend_from_slice(&NOTIFY_RESEND.to_ne_bytes());
+        notice.extend_from_slice(&0u64.to_ne_bytes());
+        write_notice(device, &notice)
+    }
+}
+
 impl Kernel for Wire {
     fn inval_entry(&self, parent: u64, name: &OsStr) -> io::Result<()> {
         self.notifier.inval_entry(INodeNo(parent), name)
@@ -64,6 +78,8 @@ impl Kernel for Wire {
 
 /// `FUSE_NOTIFY_INVAL_ENTRY`, as the error field of a notice's header carries it.
 const NOTIFY_INVAL_ENTRY: i32 = 3;
+/// `FUSE_NOTIFY_RESEND`.
+const NOTIFY_RESEND: i32 = 7;
 /// `fuse_notify_inval_entry_out.flags`: expire the name, do not drop it.
 const EXPIRE_ONLY: u32 = 1;
 
@@ -82,8 +98,12 @@ fn expire_entry(device: &OwnedFd, parent: u64, name: &OsStr) -> io::Result<()> {
     notice.extend_from_slice(&EXPIRE_ONLY.to_ne_bytes());
     notice.extend_from_slice(name);
     notice.push(0);
-    let written = nix::unistd::write(device.as_fd(), &notice)?;
-    if written != len {
+    write_notice(device, &notice)
+}
+
+/// A notice goes to the device in one write, as the kernel requires.
+fn write_notice(device: &OwnedFd, notice: &[u8]) -> io::Result<()> {
+    if nix::unistd::write(device.as_fd(), notice)? != notice.len() {
         return Err(io::Error::other("a short write of a notice"));
     }
     Ok(())

@@ -185,6 +185,8 @@ pub struct View {
     held: route::HeldDirs,
     /// What finds local objects again by number (see [`exports`]).
     exports: exports::Exports,
+    /// This daemon resumed a connection another one served (see [`View::resume`]).
+    resumed: std::sync::atomic::AtomicBool,
 }
 
 impl View {
@@ -238,6 +240,7 @@ impl View {
             layout_attrs: Default::default(),
             held: Default::default(),
             exports,
+            resumed: Default::default(),
         })
     }
 
@@ -257,7 +260,34 @@ impl View {
     }
 
     pub fn node(&self, ino: u64) -> Result<Arc<Node>, Errno> {
-        self.inodes.get(ino).ok_or(Errno::ESTALE)
+        match self.inodes.get(ino) {
+            Some(node) => Ok(node),
+            None if self.resumed.load(std::sync::atomic::Ordering::Relaxed) => self.refind(ino),
+            None => Err(Errno::ESTALE),
+        }
+    }
+
+    /// Serves from now on a kernel that holds nodes an earlier daemon handed out: a number
+    /// not in the table is looked for as a file handle's would be (see [`exports`]) before
+    /// it is called stale. The kernel's count of lookups of such a node is unknown; it is
+    /// counted once here, so the node may leave the table while the kernel still holds it,
+    /// and is found again the same way at its next use.
+    pub fn resume(&self) {
+        self.resumed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A node the kernel holds from an earlier daemon, found again by its number. Finding
+    /// walks from the root and asks for no node it has not just placed, so it never comes
+    /// back here: a thread already finding gets `ESTALE`.
+    fn refind(&self, ino: u64) -> Result<Arc<Node>, Errno> {
+        thread_local!(static FINDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+        if FINDING.with(|f| f.replace(true)) {
+            return Err(Errno::ESTALE);
+        }
+        let found = self.find(ino);
+        FINDING.with(|f| f.set(false));
+        found.map(|entry| entry.node).map_err(|_| Errno::ESTALE)
     }
 
     fn dir(&self, ino: u64) -> Result<Arc<Node>, Errno> {

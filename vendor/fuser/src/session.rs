@@ -222,6 +222,31 @@ impl<FS: Filesystem> Session<FS> {
         Ok(session)
     }
 
+    /// Wrap a /dev/fuse file descriptor whose connection an earlier process already
+    /// initialized (it was handed over, or kept while that process died): no INIT is read,
+    /// and the filesystem's `init` is not called. The filesystem must restore itself what
+    /// its `init` negotiated then, and requests are served as they come.
+    pub fn resume(
+        filesystem: FS,
+        fd: OwnedFd,
+        acl: SessionACL,
+        config: Config,
+    ) -> Self {
+        Session {
+            filesystem: FilesystemHolder {
+                fs: Some(filesystem),
+            },
+            ch: Channel::new(Arc::new(DevFuse(File::from(fd)))),
+            mount: UmountOnDrop {
+                mount: Arc::new(Mutex::new(None)),
+            },
+            allowed: acl,
+            session_owner: geteuid(),
+            proto_version: None,
+            config,
+        }
+    }
+
     /// Run the session loop in a background thread. If the returned handle is dropped,
     /// the filesystem is unmounted and the given session ends.
     pub fn spawn(self) -> io::Result<BackgroundSession> {

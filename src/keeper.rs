@@ -1,0 +1,335 @@
+//! The keeper: the process that holds a mount's FUSE connection for the life of the mount,
+//! so that the mount, and every container whose overlay stands on it, outlive the daemon
+//! that serves it (DESIGN §13).
+//!
+//! The kernel keeps a FUSE connection for as long as any process holds its `/dev/fuse`
+//! descriptor. The keeper makes the mount, holds that descriptor, a state file the daemon
+//! writes (see [`State`]) and the lock on local, and does no FUSE I/O: it forks the daemon
+//! and waits. A daemon that dies (a crash, `kill -9`, the OOM killer) is forked again on the
+//! same descriptor; meanwhile callers wait, as on an NFS hard mount, instead of getting
+//! `ENOTCONN`. The new daemon resumes the connection without an INIT (the kernel sends one
+//! per connection), restores what the first one negotiated, and asks the kernel to send
+//! again the requests the dead one had read but not answered (`FUSE_NOTIFY_RESEND`).
+//!
+//! Restarts back off (from 0 to [`MAX_BACKOFF`]); a daemon that dies [`CRASHES`] times
+//! within [`CRASH_WINDOW`] is not started again: the keeper aborts the connection, so that
+//! callers get an error instead of waiting forever, and detaches the mount.
+//!
+//! The keeper forks before it starts any thread, and only ever waits on one descriptor
+//! (a `signalfd` for the child's end and the signals that stop the mount), so a fork from
+//! it is always safe. Termination signals are passed on to the daemon, which unmounts; the
+//! keeper ends when the daemon ends with the mount.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+use tracing::{error, info, warn};
+
+use crate::config::MountConfig;
+use crate::daemon::Readiness;
+use crate::error::{Error, Result};
+use crate::fs::{kernel_mount, Negotiated};
+
+/// Crashes within [`CRASH_WINDOW`] after which the daemon is not started again.
+const CRASHES: usize = 5;
+const CRASH_WINDOW: Duration = Duration::from_secs(60);
+/// The longest wait before a restart.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What a daemon started by the keeper is given.
+pub struct Kept {
+    /// The connection, as the keeper holds it (the same open file).
+    pub device: OwnedFd,
+    /// What the daemon keeps across its own death.
+    pub state: State,
+    /// How many daemons served this mount before this one: 0 for the first, which reads
+    /// the INIT; any other resumes.
+    pub restarts: u32,
+    /// The keeper's process id, for `status`.
+    pub keeper: u32,
+}
+
+/// What a daemon leaves to the next one: a memory file the keeper holds, so it lasts as
+/// long as the mount. It holds the settings the kernel agreed to at INIT, written once the
+/// first daemon has them.
+pub struct State {
+    file: File,
+}
+
+/// How the settings INIT agreed are kept: a tag, then one byte for each.
+const NEGOTIATED_TAG: &[u8; 8] = b"lfsinit1";
+
+fn encode(negotiated: Negotiated) -> [u8; 10] {
+    let mut bytes = [0u8; 10];
+    bytes[..8].copy_from_slice(NEGOTIATED_TAG);
+    bytes[8] = u8::from(negotiated.passthrough);
+    bytes[9] = u8::from(negotiated.expire_only);
+    bytes
+}
+
+fn decode(bytes: &[u8; 10]) -> Option<Negotiated> {
+    (&bytes[..8] == NEGOTIATED_TAG).then_some(Negotiated {
+        passthrough: bytes[8] == 1,
+        expire_only: bytes[9] == 1,
+    })
+}
+
+impl State {
+    fn create() -> std::io::Result<State> {
+        let fd = memfd_create("layerfs-state", MFdFlags::MFD_CLOEXEC)?;
+        Ok(State {
+            file: File::from(fd),
+        })
+    }
+
+    fn try_clone(&self) -> std::io::Result<State> {
+        Ok(State {
+            file: self.file.try_clone()?,
+        })
+    }
+
+    /// Records what INIT settled, before the first request is served.
+    pub fn save_negotiated(&self, negotiated: Negotiated) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(&encode(negotiated), 0)
+    }
+
+    /// What the first daemon recorded; `None` if it died before INIT was over.
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = [0u8; 10];
+        self.file.read_exact_at(&mut bytes, 0).ok()?;
+        decode(&bytes)
+    }
+}
+
+/// How one daemon ended.
+enum Ended {
+    /// It served until the mount ended, or failed to start: the keeper is done.
+    Done(i32),
+    /// It died while the mount stands.
+    Crashed(String),
+}
+
+/// Makes the mount and keeps it, forking a daemon to serve it (`serve`) and forking another
+/// whenever one dies, until the mount ends. `readiness` is told once the first daemon has
+/// the mount live. Returns the last daemon's exit code.
+pub fn keep(
+    config: &MountConfig,
+    readiness: &mut Readiness,
+    serve: fn(&MountConfig, Kept, &mut Readiness) -> Result<()>,
+) -> Result<i32> {
+    let mount_error = |source: std::io::Error| Error::Mount {
+        path: config.mountpoint.clone(),
+        source,
+    };
+    let fsname = crate::mount::fsname(config);
+    let (device, mount) =
+        kernel_mount::mount(&crate::mount::mount_spec(config, &fsname)).map_err(|e| {
+            mount_error(std::io::Error::other(format!(
+                "mount(2) of fuse.layerfs: {e}"
+            )))
+        })?;
+    let state = State::create().map_err(mount_error)?;
+    // Blocked here, they wait in the signalfd; a forked daemon unblocks them for itself.
+    let mut stop = SigSet::empty();
+    for signal in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
+        stop.add(signal);
+    }
+    let old_mask = stop.thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_BLOCK);
+    let signals = SignalFd::with_flags(&stop, SfdFlags::SFD_CLOEXEC);
+    let (old_mask, mut signals) = match (old_mask, signals) {
+        (Ok(mask), Ok(signals)) => (mask, signals),
+        (Err(e), _) | (_, Err(e)) => {
+            let _ = mount.unmount();
+            return Err(mount_error(e.into()));
+        }
+    };
+
+    let keeper = std::process::id();
+    let mut crashes: VecDeque<Instant> = VecDeque::new();
+    let mut restarts = 0u32;
+    let mut first = Some(readiness);
+    loop {
+        let kept = || -> std::io::Result<Kept> {
+            Ok(Kept {
+                device: device.try_clone()?,
+                state: state.try_clone()?,
+                restarts,
+                keeper,
+            })
+        };
+        let kept = kept().map_err(mount_error)?;
+        let (word, daemon) =
+            start(config, kept, &old_mask, first.as_deref_mut(), serve).map_err(mount_error)?;
+        if let Some(readiness) = first.take() {
+            // The first daemon's word on whether the mount is live goes to whoever waits.
+            match read_word(word) {
+                Some(word) if word == "ok" => readiness.ready(),
+                said => {
+                    let reason = said
+                        .unwrap_or_else(|| "the daemon exited before the mount was live".into());
+                    readiness.failed(&reason);
+                    let _ = wait_for(daemon, &mut signals);
+                    let _ = mount.unmount();
+                    return Ok(1);
+                }
+            }
+        } else {
+            drop(word);
+        }
+        match wait_for(daemon, &mut signals) {
+            Ended::Done(code) => return Ok(code),
+            Ended::Crashed(how) => {
+                let now = Instant::now();
+                crashes.push_back(now);
+                while crashes
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) > CRASH_WINDOW)
+                {
+                    crashes.pop_front();
+                }
+                if crashes.len() >= CRASHES {
+                    error!(daemon = how, crashes = crashes.len(),
+                        "the daemon keeps dying; aborting the connection so that callers get an error");
+                    abort_connection(&config.mountpoint);
+                    let _ =
+                        nix::mount::umount2(&config.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+                    return Ok(1);
+                }
+                let backoff = backoff(crashes.len());
+                warn!(
+                    daemon = how,
+                    restarts = restarts + 1,
+                    backoff_ms = backoff.as_millis() as u64,
+                    "the daemon died; starting another on the same connection"
+                );
+                std::thread::sleep(backoff);
+                restarts += 1;
+            }
+        }
+    }
+}
+
+/// The wait before the `n`th restart in a row: none for the first, then doubling.
+fn backoff(n: usize) -> Duration {
+    match n {
+        0 | 1 => Duration::ZERO,
+        n => (Duration::from_millis(100) * 2u32.pow((n - 2).min(6) as u32)).min(MAX_BACKOFF),
+    }
+}
+
+/// Forks a daemon serving `kept`; returns the read end of its readiness pipe and its pid.
+fn start(
+    config: &MountConfig,
+    kept: Kept,
+    old_mask: &SigSet,
+    waiting: Option<&mut Readiness>,
+    serve: fn(&MountConfig, Kept, &mut Readiness) -> Result<()>,
+) -> std::io::Result<(OwnedFd, Pid)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // SAFETY: the keeper has started no thread (see the module docs).
+    match unsafe { fork() }? {
+        ForkResult::Parent { child } => {
+            drop(write);
+            drop(kept);
+            Ok((read, child))
+        }
+        ForkResult::Child => {
+            drop(read);
+            // Whoever waits for the mount hears the keeper, and must see its pipe close
+            // when the keeper lets go of it, whatever the daemon holds.
+            if let Some(waiting) = waiting {
+                waiting.let_go();
+            }
+            let _ = old_mask.thread_set_mask();
+            let mut readiness = Readiness::to_keeper(File::from(write));
+            let code = match serve(config, kept, &mut readiness) {
+                Ok(()) => 0,
+                Err(e) => {
+                    if !readiness.failed(&e.to_string()) {
+                        error!(error = %e, "the daemon stopped");
+                    }
+                    1
+                }
+            };
+            std::process::exit(code);
+        }
+    }
+}
+
+/// The daemon's one line: `ok`, or why it failed; `None` if it died without a word.
+fn read_word(pipe: OwnedFd) -> Option<String> {
+    let mut said = String::new();
+    let _ = File::from(pipe).read_to_string(&mut said);
+    let said = said.trim_end();
+    (!said.is_empty()).then(|| said.to_owned())
+}
+
+/// Waits until `daemon` ends, passing termination signals on to it.
+fn wait_for(daemon: Pid, signals: &mut SignalFd) -> Ended {
+    loop {
+        match waitpid(daemon, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, 0)) => return Ended::Done(0),
+            Ok(WaitStatus::Exited(_, code)) => {
+                return Ended::Crashed(format!("exited with {code}"))
+            }
+            Ok(WaitStatus::Signaled(_, signal, _)) => {
+                return Ended::Crashed(format!("killed by {signal}"))
+            }
+            Ok(_) => {}
+            Err(e) => return Ended::Done(if e == nix::errno::Errno::ECHILD { 0 } else { 1 }),
+        }
+        match signals.read_signal() {
+            Ok(Some(info)) => {
+                let signal = Signal::try_from(info.ssi_signo as i32).ok();
+                if let Some(signal @ (Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP)) = signal {
+                    info!(%signal, "passing the signal on to the daemon");
+                    let _ = kill(daemon, signal);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!(error = %e, "reading the keeper's signals failed");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Ends the connection for good: every waiting caller gets `ECONNABORTED`, and later ones
+/// `ENOTCONN`, instead of waiting for a daemon that will not come. The kernel names a
+/// connection after its mount's (anonymous) device number, whose major is 0.
+fn abort_connection(mountpoint: &Path) {
+    let point = crate::store::mountinfo::resolve_mountpoint(mountpoint);
+    let Some(minor) = crate::store::mountinfo::current()
+        .into_iter()
+        .rfind(|m| m.point == point && m.fstype == kernel_mount::FSTYPE)
+        .and_then(|m| m.device.strip_prefix("0:").map(str::to_owned))
+    else {
+        warn!(mountpoint = %point.display(), "the mount's connection was not found to abort");
+        return;
+    };
+    let path = format!("/sys/fs/fuse/connections/{minor}/abort");
+    if let Err(e) = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(b"1"))
+    {
+        warn!(error = %e, path, "aborting the connection failed");
+    }
+}
