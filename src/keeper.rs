@@ -132,13 +132,12 @@ pub fn keep(
         path: config.mountpoint.clone(),
         source,
     };
-    let fsname = crate::mount::fsname(config);
-    let (device, mount) =
-        kernel_mount::mount(&crate::mount::mount_spec(config, &fsname)).map_err(|e| {
-            mount_error(std::io::Error::other(format!(
-                "mount(2) of fuse.layerfs: {e}"
-            )))
-        })?;
+    let fsname = config.fsname();
+    let (device, mount) = kernel_mount::mount(&config.mount_spec(&fsname)).map_err(|e| {
+        mount_error(std::io::Error::other(format!(
+            "mount(2) of fuse.layerfs: {e}"
+        )))
+    })?;
     let state = State::create().map_err(mount_error)?;
     // Blocked here, they wait in the signalfd; a forked daemon unblocks them for itself.
     let mut stop = SigSet::empty();

@@ -14,7 +14,7 @@ use crate::control::reconfigure::{Live, Reconfigure};
 use crate::control::MountControl;
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
-use crate::fs::kernel_mount::{self, KernelMount, MountSpec};
+use crate::fs::kernel_mount::{self, KernelMount};
 use crate::fs::{ring, LayerFs, Timeouts, Transport, CROWD_THREADS, SYNC_THREADS};
 use crate::keeper::Kept;
 use crate::layout::{LayoutIndex, Scanner};
@@ -511,8 +511,8 @@ fn open_session(
         let unmounter = Unmounter::Fuser(session.unmount_callable());
         return Ok((session, unmounter, None));
     }
-    let fsname = fsname(config);
-    let (device, mount) = kernel_mount::mount(&mount_spec(config, &fsname))
+    let fsname = config.fsname();
+    let (device, mount) = kernel_mount::mount(&config.mount_spec(&fsname))
         .map_err(|e| std::io::Error::other(format!("mount(2) of fuse.layerfs: {e}")))?;
     let acl = fuse.acl;
     let notices = device.try_clone().ok();
@@ -572,27 +572,6 @@ fn kept_ring_refused(config: &MountConfig, kept: bool) -> bool {
     refused
 }
 
-/// The source `/proc/mounts` shows.
-pub fn fsname(config: &MountConfig) -> String {
-    config
-        .fsname
-        .clone()
-        .unwrap_or_else(|| config.remote.display().to_string())
-}
-
-/// What the kernel is told when layerfs mounts itself (as root).
-pub fn mount_spec<'a>(config: &'a MountConfig, fsname: &'a str) -> MountSpec<'a> {
-    MountSpec {
-        mountpoint: &config.mountpoint,
-        fsname,
-        allow_other: config.allow_other || config.allow_root,
-        read_only: config.read_only,
-        suid: config.suid,
-        dev: config.dev,
-        atime: config.atime,
-    }
-}
-
 /// Local, reached through a private clone of its mount on which reads move access times as
 /// the view's mode says (see `store::atime`); a read-only view moves none, as the kernel
 /// moves none on a read-only mount. `None` where no clone can be made (not root): local is
@@ -621,12 +600,7 @@ fn private_local(config: &MountConfig) -> Option<std::os::fd::OwnedFd> {
 
 fn fuse_config(config: &MountConfig) -> Config {
     let mut options = vec![
-        MountOption::FSName(
-            config
-                .fsname
-                .clone()
-                .unwrap_or_else(|| config.remote.display().to_string()),
-        ),
+        MountOption::FSName(config.fsname()),
         // fuser passes its Subtype option to fusermount only; the kernel takes it as data,
         // and /proc/mounts then says `fuse.layerfs`, which umount(8) and findmnt use.
         MountOption::CUSTOM("subtype=layerfs".into()),

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::fs::kernel_mount::MountSpec;
 use crate::store::atime::AccessTimes;
 use crate::view::LinkStyle;
 
@@ -172,6 +173,26 @@ impl MountConfig {
 }
 
 impl MountConfig {
+    /// The source `/proc/mounts` shows.
+    pub fn fsname(&self) -> String {
+        self.fsname
+            .clone()
+            .unwrap_or_else(|| self.remote.display().to_string())
+    }
+
+    /// What the kernel is told when layerfs mounts itself (as root).
+    pub fn mount_spec<'a>(&'a self, fsname: &'a str) -> MountSpec<'a> {
+        MountSpec {
+            mountpoint: &self.mountpoint,
+            fsname,
+            allow_other: self.allow_other || self.allow_root,
+            read_only: self.read_only,
+            suid: self.suid,
+            dev: self.dev,
+            atime: self.atime,
+        }
+    }
+
     /// ROOT of `expose_into`, canonical: a directory that neither holds nor lies in one of
     /// the mount's trees, on a filesystem that is not FUSE.
     fn check_expose_into(&self, root: &Path) -> Result<PathBuf> {
