@@ -287,7 +287,7 @@ fn nested_quota_roots_are_refused_by_xattr() {
 /// Runs `lsetxattr` (or `lremovexattr` when `value` is `None`) as uid/gid 65534 in a forked
 /// child; 0 or the errno.
 fn xattr_as_nobody(p: &Path, name: &str, value: Option<&[u8]>) -> i32 {
-    let (cp, cn) = (c_path(p), CString::new(name).unwrap());
+    let (cp, cn) = (common::sys::cpath(p), CString::new(name).unwrap());
     // Only async-signal-safe calls between fork and _exit.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork");

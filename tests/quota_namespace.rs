@@ -569,7 +569,7 @@ fn a_file_moved_out_grown_and_moved_back_is_counted_once() {
 }
 
 fn rename_exchange(a: &Path, b: &Path) -> std::io::Result<()> {
-    let (a, b) = (c_path(a), c_path(b));
+    let (a, b) = (common::sys::cpath(a), common::sys::cpath(b));
     let r = unsafe {
         libc::renameat2(
             libc::AT_FDCWD,

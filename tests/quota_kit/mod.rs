@@ -8,10 +8,8 @@
 
 #![allow(dead_code)]
 
-use std::ffi::CString;
 use std::fs;
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
@@ -231,8 +229,9 @@ pub fn errno(e: &std::io::Error) -> i32 {
         .unwrap_or_else(|| panic!("not an OS error: {e}"))
 }
 
+/// An errno's message with its number, as quota failures are reported.
 pub fn errname(n: i32) -> String {
-    format!("{} ({n})", std::io::Error::from_raw_os_error(n))
+    format!("{} ({n})", crate::common::sys::errname(n))
 }
 
 pub fn assert_errno<T: std::fmt::Debug>(what: &str, r: std::io::Result<T>, want: i32) {
@@ -294,8 +293,4 @@ pub fn write_file(p: &Path, len: usize, seed: u64) -> Vec<u8> {
     let data = pattern(len, seed);
     fs::write(p, &data).unwrap();
     data
-}
-
-pub fn c_path(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap()
 }
