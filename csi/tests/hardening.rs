@@ -18,7 +18,7 @@ fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn assert_refused(result: Result<(), tonic::Status>, code: Code, naming: &str) {
+fn assert_refused<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, naming: &str) {
     let status = result.expect_err("the call should fail");
     assert_eq!(status.code(), code, "{status:?}");
     assert!(
@@ -33,7 +33,10 @@ fn assert_refused(result: Result<(), tonic::Status>, code: Code, naming: &str) {
 async fn unpublish_leaves_what_it_did_not_publish_alone() {
     let server = Server::start();
     let mut c = server.clients().await;
-    let vol = c.volume(volume_req("foreign", 16 * MIB, block_cap())).await;
+    let vol = c
+        .volume(volume_req("foreign", 16 * MIB, block_cap()))
+        .await
+        .volume_id;
     let dir = server.path().join("pods");
     fs::create_dir_all(&dir).unwrap();
 
@@ -67,7 +70,10 @@ async fn unpublish_leaves_what_it_did_not_publish_alone() {
 async fn unpublish_leaves_a_foreign_mount_alone() {
     let server = Server::start();
     let mut c = server.clients().await;
-    let vol = c.volume(volume_req("mounted", 16 * MIB, mount_cap())).await;
+    let vol = c
+        .volume(volume_req("mounted", 16 * MIB, mount_cap()))
+        .await
+        .volume_id;
     let target = server.path().join("pods/t");
     fs::create_dir_all(&target).unwrap();
     let status = std::process::Command::new("mount")
@@ -96,8 +102,14 @@ async fn unpublish_leaves_a_foreign_mount_alone() {
 async fn unpublish_removes_what_it_published_also_after_a_restart() {
     let mut server = Server::start();
     let mut c = server.clients().await;
-    let block = c.volume(volume_req("blk", 16 * MIB, block_cap())).await;
-    let mount = c.volume(volume_req("fs", 16 * MIB, mount_cap())).await;
+    let block = c
+        .volume(volume_req("blk", 16 * MIB, block_cap()))
+        .await
+        .volume_id;
+    let mount = c
+        .volume(volume_req("fs", 16 * MIB, mount_cap()))
+        .await
+        .volume_id;
     let block_target = server.path().join("pods/a/dev");
     let mount_target = server.path().join("pods/b/mnt");
     c.publish(&block, &path_str(&block_target), block_cap())
@@ -145,7 +157,10 @@ async fn unpublish_recognises_its_mounts_without_a_record() {
     let server = Server::start();
     let mut c = server.clients().await;
     for (name, cap) in [("norecord-blk", block_cap()), ("norecord-fs", mount_cap())] {
-        let vol = c.volume(volume_req(name, 16 * MIB, cap.clone())).await;
+        let vol = c
+            .volume(volume_req(name, 16 * MIB, cap.clone()))
+            .await
+            .volume_id;
         let target = server.path().join("pods").join(name);
         c.publish(&vol, &path_str(&target), cap)
             .await
@@ -170,7 +185,10 @@ async fn unpublish_recognises_its_mounts_without_a_record() {
 async fn node_paths_must_be_absolute_and_clean() {
     let server = Server::start();
     let mut c = server.clients().await;
-    let vol = c.volume(volume_req("paths", 16 * MIB, block_cap())).await;
+    let vol = c
+        .volume(volume_req("paths", 16 * MIB, block_cap()))
+        .await
+        .volume_id;
     let root = path_str(server.path());
     let bad = [
         "rel/target".to_owned(),
@@ -230,7 +248,10 @@ async fn node_paths_must_be_absolute_and_clean() {
 async fn unknown_parameters_are_refused_by_name() {
     let server = Server::start();
     let mut c = server.clients().await;
-    let vol = c.volume(volume_req("params", 16 * MIB, block_cap())).await;
+    let vol = c
+        .volume(volume_req("params", 16 * MIB, block_cap()))
+        .await
+        .volume_id;
     let snapshot = |params: &[(&str, &str)]| CreateSnapshotRequest {
         source_volume_id: vol.clone(),
         name: "snap".into(),
@@ -301,7 +322,10 @@ async fn capacity_promised_stays_within_the_store() {
     let empty = c.capacity_left().await;
     assert!((64 * MIB - SLACK..=64 * MIB).contains(&empty), "{empty}");
 
-    let a = c.volume(volume_req("cap-a", 40 * MIB, block_cap())).await;
+    let a = c
+        .volume(volume_req("cap-a", 40 * MIB, block_cap()))
+        .await
+        .volume_id;
     let left = c.capacity_left().await;
     assert!(
         (empty - 40 * MIB - SLACK..=empty - 40 * MIB).contains(&left),

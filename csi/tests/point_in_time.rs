@@ -160,7 +160,7 @@ fn is_retry(e: &tonic::Status) -> bool {
 
 /// What a Block publication of `volume` at `target` reads, unpublished after.
 async fn read_published(c: &mut Clients, volume: &str, target: &Path) -> Vec<u8> {
-    c.publish(volume, &target.to_string_lossy(), block_cap())
+    c.publish(volume, &target, block_cap())
         .await
         .expect("publishing the restored volume");
     let mut bytes = vec![0u8; SIZE as usize];
@@ -168,7 +168,7 @@ async fn read_published(c: &mut Clients, volume: &str, target: &Path) -> Vec<u8>
         .unwrap()
         .read_exact_at(&mut bytes, 0)
         .unwrap();
-    c.unpublish(volume, &target.to_string_lossy())
+    c.unpublish(volume, &target)
         .await
         .expect("unpublishing the restored volume");
     bytes
@@ -193,10 +193,13 @@ async fn snapshots_on_a_reflink_store_under_a_writer_are_each_one_instant() {
 /// says.
 async fn snapshots_under_a_writer(server: &Server, cut_log: &str) {
     let mut c = server.clients().await;
-    let volume = c.volume(volume_req("written", SIZE, block_cap())).await;
+    let volume = c
+        .volume(volume_req("written", SIZE, block_cap()))
+        .await
+        .volume_id;
     let target = server.path().join("pods/written");
     fs::create_dir_all(target.parent().unwrap()).unwrap();
-    c.publish(&volume, &target.to_string_lossy(), block_cap())
+    c.publish(&volume, &target, block_cap())
         .await
         .expect("publishing the volume");
 
@@ -241,7 +244,7 @@ async fn snapshots_under_a_writer(server: &Server, cut_log: &str) {
         }
         c.delete_volume(&restored).await;
     }
-    c.unpublish(&volume, &target.to_string_lossy())
+    c.unpublish(&volume, &target)
         .await
         .expect("unpublishing the volume");
     assert!(failures.is_empty(), "{failures:#?}");
@@ -290,10 +293,13 @@ async fn snapshots_of_a_mount_volume_under_a_writer_are_each_one_instant() {
     const CUTS: u64 = 10;
     let server = Server::start_on(StoreFs::Ext4(4 << 30));
     let mut c = server.clients().await;
-    let volume = c.volume(volume_req("mounted", SIZE, mount_cap())).await;
+    let volume = c
+        .volume(volume_req("mounted", SIZE, mount_cap()))
+        .await
+        .volume_id;
     let target = server.path().join("pods/mounted");
     fs::create_dir_all(&target).unwrap();
-    c.publish(&volume, &target.to_string_lossy(), mount_cap())
+    c.publish(&volume, &target, mount_cap())
         .await
         .expect("publishing the volume");
 
@@ -325,11 +331,11 @@ async fn snapshots_of_a_mount_volume_under_a_writer_are_each_one_instant() {
     fs::create_dir_all(&seen).unwrap();
     for (i, (snapshot, before, after)) in taken.iter().enumerate() {
         let restored = restore(&mut c, &format!("fs-restored-{i}"), snapshot, mount_cap()).await;
-        c.publish(&restored, &seen.to_string_lossy(), mount_cap())
+        c.publish(&restored, &seen, mount_cap())
             .await
             .expect("publishing the restored volume");
         let log = fs::read(seen.join("log")).unwrap_or_default();
-        c.unpublish(&restored, &seen.to_string_lossy())
+        c.unpublish(&restored, &seen)
             .await
             .expect("unpublishing the restored volume");
         c.delete_volume(&restored).await;
@@ -350,7 +356,7 @@ async fn snapshots_of_a_mount_volume_under_a_writer_are_each_one_instant() {
             ));
         }
     }
-    c.unpublish(&volume, &target.to_string_lossy())
+    c.unpublish(&volume, &target)
         .await
         .expect("unpublishing the volume");
     assert!(failures.is_empty(), "{failures:#?}");
