@@ -22,9 +22,12 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -32,12 +35,14 @@ use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
+use parking_lot::Mutex;
 use tracing::{error, info, warn};
 
 use crate::config::MountConfig;
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
 use crate::fs::{kernel_mount, Negotiated};
+use crate::view::keep::Journal;
 
 /// Crashes within [`CRASH_WINDOW`] after which the daemon is not started again.
 const CRASHES: usize = 5;
@@ -60,7 +65,8 @@ pub struct Kept {
 
 /// What a daemon leaves to the next one: a memory file the keeper holds, so it lasts as
 /// long as the mount. It holds the settings the kernel agreed to at INIT, written once the
-/// first daemon has them.
+/// first daemon has them, then a [`Log`] of what the daemons did that the kernel may still
+/// refer to.
 pub struct State {
     file: File,
 }
@@ -99,17 +105,86 @@ impl State {
 
     /// Records what INIT settled, before the first request is served.
     pub fn save_negotiated(&self, negotiated: Negotiated) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
         self.file.write_all_at(&encode(negotiated), 0)
     }
 
     /// What the first daemon recorded; `None` if it died before INIT was over.
     pub fn negotiated(&self) -> Option<Negotiated> {
-        use std::os::unix::fs::FileExt;
         let mut bytes = [0u8; 10];
         self.file.read_exact_at(&mut bytes, 0).ok()?;
         decode(&bytes)
     }
+
+    /// The log of records earlier daemons appended, whole ones only, and the log to append
+    /// to after them (a record a dying daemon left cut is written over).
+    pub fn log(&self) -> std::io::Result<(Arc<Log>, Vec<Vec<u8>>)> {
+        let mut bytes = Vec::new();
+        (&self.file).seek(SeekFrom::Start(LOG_START))?;
+        (&self.file).read_to_end(&mut bytes)?;
+        let mut records = Vec::new();
+        let mut at = 0;
+        while let Some(record) = Log::record_at(&bytes[at..]) {
+            at += Log::HEADER + record.len();
+            records.push(record.to_vec());
+        }
+        let log = Log {
+            file: self.file.try_clone()?,
+            end: Mutex::new(LOG_START + at as u64),
+            failed: AtomicBool::new(false),
+        };
+        Ok((Arc::new(log), records))
+    }
+}
+
+/// Where the log starts in the state file: after the INIT settings.
+const LOG_START: u64 = 16;
+
+/// An append-only log of records in the state file, each behind its length and a checksum,
+/// so that a record cut by the daemon's death is told from a whole one.
+#[derive(Debug)]
+pub struct Log {
+    file: File,
+    /// Where the next record goes. A leaf lock: held only to write one record to memory.
+    end: Mutex<u64>,
+    /// An append failed: said once.
+    failed: AtomicBool,
+}
+
+impl Log {
+    const HEADER: usize = 8;
+
+    /// The whole record at the start of `bytes`, if there is one.
+    fn record_at(bytes: &[u8]) -> Option<&[u8]> {
+        let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+        let sum = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
+        let record = bytes.get(Self::HEADER..Self::HEADER + len)?;
+        (len > 0 && checksum(record) == sum).then_some(record)
+    }
+}
+
+impl Journal for Log {
+    fn append(&self, record: &[u8]) {
+        let mut framed = Vec::with_capacity(Self::HEADER + record.len());
+        framed.extend_from_slice(&(record.len() as u32).to_le_bytes());
+        framed.extend_from_slice(&checksum(record).to_le_bytes());
+        framed.extend_from_slice(record);
+        let mut end = self.end.lock();
+        match self.file.write_all_at(&framed, *end) {
+            Ok(()) => *end += framed.len() as u64,
+            Err(e) => {
+                if !self.failed.swap(true, Ordering::Relaxed) {
+                    error!(error = %e, "the state a restarted daemon resumes from cannot be written; a restart may now answer ESTALE for what it misses");
+                }
+            }
+        }
+    }
+}
+
+/// FNV-1a over a record: enough to tell a cut record from a whole one.
+fn checksum(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// How one daemon ended.

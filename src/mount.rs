@@ -23,6 +23,7 @@ use crate::notice::Wire;
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
 use crate::report::{ImageInfo, LayerInfo, QuotaAnswer, QuotaRequest, RoundReport, Status};
 use crate::store::atime::{self, AccessTimes, Atime};
+use crate::view::keep::Fact;
 use crate::view::{open_root, Layout, View};
 
 /// Mounts and serves until the filesystem is unmounted (by `umount`, `fusermount3 -u`, or
@@ -85,6 +86,12 @@ fn serve_on(config: &MountConfig, kept: Option<Kept>, readiness: &mut Readiness)
         info!(roots, "quota roots loaded, usage counted from local");
     }
     let view = Arc::new(view);
+    if let Some(kept) = &kept {
+        keep_numbering(&view, kept).map_err(|source| Error::Mount {
+            path: config.mountpoint.clone(),
+            source,
+        })?;
+    }
 
     // The first round gives the view its index before the kernel sees anything, through
     // the same scanner (and timeout) as every later round: a remote that does not answer
@@ -143,7 +150,7 @@ fn serve_on(config: &MountConfig, kept: Option<Kept>, readiness: &mut Readiness)
     let restarts = kept.as_ref().map(|k| k.restarts);
 
     let (session, mut unmounter, device) = match kept {
-        Some(kept) => resume_session(fs, config, kept, &view),
+        Some(kept) => resume_session(fs, config, kept),
         None => open_session(fs, config),
     }
     .map_err(|source| Error::Mount {
@@ -525,13 +532,26 @@ fn open_session(
     }
 }
 
+/// Gives the view the numbering earlier daemons of this mount kept, before it gives any
+/// number itself, and keeps its own from now on (see `view::keep`).
+fn keep_numbering(view: &View, kept: &Kept) -> std::io::Result<()> {
+    let (log, records) = kept.state.log()?;
+    if kept.restarts > 0 {
+        let facts = records.len();
+        view.restore_numbering(records.iter().filter_map(|r| Fact::decode(r)));
+        view.resume();
+        info!(facts, "numbering of the earlier daemon taken back");
+    }
+    view.keep_numbering_in(log);
+    Ok(())
+}
+
 /// The session on the connection a keeper holds: read the INIT on the first start, and
 /// record what it settled; on a later one, resume without it, as that record says.
 fn resume_session(
     fs: LayerFs,
     config: &MountConfig,
     kept: Kept,
-    view: &Arc<View>,
 ) -> std::io::Result<(Session<LayerFs>, Unmounter, Option<std::os::fd::OwnedFd>)> {
     let mut fuse = fuse_config(config);
     // A request read on a cloned descriptor dies with the daemon that read it, and is not
@@ -550,7 +570,6 @@ fn resume_session(
             std::io::Error::other("the first daemon died before INIT was over; nothing to resume")
         })?;
         negotiation.restore(negotiated);
-        view.resume();
         info!(
             restarts = kept.restarts,
             keeper = kept.keeper,

@@ -286,19 +286,32 @@ impl View {
 
     /// A synthesized entry or a remote name found again by the parent and name its number
     /// was given for, up to a node the kernel still holds.
+    ///
+    /// A daemon that resumed a connection also finds so the nodes an earlier one placed
+    /// (see `keep`), up to a local directory the kernel still holds from it, found by its
+    /// record.
     fn find_named(&self, ino: u64) -> Result<Entry, Errno> {
         let mut names = Vec::new();
         let mut at = ino;
+        let mut found_above = None;
         while self.inodes.get(at).is_none() {
-            let (parent, name) = self.inodes.named_as(at).ok_or(Errno::ENOENT)?;
             if names.len() >= MAX_DEPTH {
                 return Err(Errno::ENOENT);
             }
+            if at & (REMOTE_BIT | COUNTER_BIT) == 0 && !names.is_empty() {
+                found_above = Some(self.find_local(at)?);
+                break;
+            }
+            let (parent, name) = self.inodes.named_as(at).ok_or(Errno::ENOENT)?;
             names.push(name);
             at = parent;
         }
         names.reverse();
-        self.walk(at, &names)
+        let found = self.walk(at, &names);
+        if let Some(above) = found_above {
+            self.inodes.forget(above.node.ino, 1);
+        }
+        found
     }
 
     /// Looks `names` up one after the other from the live directory `from`; the last node

@@ -47,6 +47,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use super::identity::{Identity, COUNTER_BIT, REMOTE_BIT, ROOT_INO};
+use super::keep::{Fact, Journal};
 use super::node::{Node, NodeState};
 use super::zone::Zone;
 use crate::store::Kind;
@@ -107,7 +108,17 @@ pub struct InodeTable {
     /// The filesystems whose inode numbers become node numbers.
     local_dev: u64,
     remote_dev: AtomicU64,
+    /// Where the numbering's facts are kept for a daemon that resumes (see [`super::keep`]).
+    journal: std::sync::OnceLock<Arc<dyn Journal>>,
+    /// Counter numbers below this are reserved in the journal.
+    reserved: AtomicU64,
+    /// Where an earlier daemon placed the nodes it numbered after the remote or from the
+    /// counter: parent and name, by number. Filled only by [`InodeTable::restore`].
+    placed: Mutex<HashMap<u64, (u64, OsString)>>,
 }
+
+/// Counter numbers reserved in the journal at a time.
+const RESERVE: u64 = 4096;
 
 impl InodeTable {
     /// A table holding only the root node, whose identities are `root_ids`.
@@ -136,6 +147,96 @@ impl InodeTable {
             crowded: AtomicBool::new(false),
             local_dev,
             remote_dev: AtomicU64::new(remote_dev),
+            journal: std::sync::OnceLock::new(),
+            reserved: AtomicU64::new(0),
+            placed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Keeps the numbering's facts in `journal` from now on, starting with what it already
+    /// holds: the numbers given before the session may reach the kernel later.
+    pub fn keep_in(&self, journal: Arc<dyn Journal>) {
+        if self.journal.set(journal).is_err() {
+            return;
+        }
+        let named: Vec<Fact> = self
+            .named_numbers
+            .lock()
+            .iter()
+            .map(|((parent, name), number)| Fact::Named {
+                parent: *parent,
+                name: name.clone(),
+                number: *number,
+            })
+            .collect();
+        let origins: Vec<Fact> = self
+            .origins
+            .lock()
+            .iter()
+            .map(|((dev, ino), number)| Fact::Origin {
+                dev: *dev,
+                ino: *ino,
+                number: *number,
+            })
+            .collect();
+        for fact in named.iter().chain(&origins) {
+            self.note(fact);
+        }
+        self.reserve(self.next.load(Ordering::Relaxed));
+    }
+
+    /// Takes back the numbering an earlier daemon kept, fact by fact in the order it
+    /// wrote them (see [`super::keep`]).
+    pub fn restore(&self, facts: impl IntoIterator<Item = Fact>) {
+        let (mut named, mut origins, mut placed) = (
+            self.named_numbers.lock(),
+            self.origins.lock(),
+            self.placed.lock(),
+        );
+        for fact in facts {
+            match fact {
+                Fact::Named {
+                    parent,
+                    name,
+                    number,
+                } => {
+                    named.insert((parent, name), number);
+                }
+                Fact::Unnamed { parent, name } => {
+                    named.remove(&(parent, name));
+                }
+                Fact::Origin { dev, ino, number } => {
+                    origins.insert((dev, ino), number);
+                }
+                Fact::OriginGone { dev, ino } => {
+                    origins.remove(&(dev, ino));
+                }
+                Fact::Reserved { upto } => {
+                    self.next.fetch_max(upto, Ordering::Relaxed);
+                    self.reserved.fetch_max(upto, Ordering::Relaxed);
+                }
+                Fact::Placed {
+                    number,
+                    parent,
+                    name,
+                } => {
+                    placed.insert(number, (parent, name));
+                }
+            }
+        }
+    }
+
+    fn note(&self, fact: &Fact) {
+        if let Some(journal) = self.journal.get() {
+            journal.append(&fact.encode());
+        }
+    }
+
+    /// Reserves counter numbers past `n` in the journal, a block at a time.
+    fn reserve(&self, n: u64) {
+        let upto = n + RESERVE;
+        if self.reserved.fetch_max(upto, Ordering::Relaxed) < upto {
+            self.note(&Fact::Reserved { upto });
         }
     }
 
@@ -195,6 +296,19 @@ impl InodeTable {
             }
         }
         node
+    }
+
+    /// Notes where a node was placed, for a daemon that resumes: its number is then found
+    /// again by looking `name` up in `parent`. Numbers derived from local inodes need not
+    /// be: `exports` finds their objects again.
+    pub fn placed(&self, node: &Node, parent: u64, name: &std::ffi::OsStr) {
+        if node.ino & (REMOTE_BIT | COUNTER_BIT) != 0 && self.journal.get().is_some() {
+            self.note(&Fact::Placed {
+                number: node.ino,
+                parent,
+                name: name.to_owned(),
+            });
+        }
     }
 
     /// Has `tell` told (without waiting) whenever a node is added past `high` nodes; the
@@ -304,28 +418,55 @@ impl InodeTable {
     /// Remembers that the local object `(dev, ino)` is a copy numbered `number`.
     pub fn set_origin(&self, dev: u64, ino: u64, number: u64) {
         self.origins.lock().insert((dev, ino), number);
+        self.note(&Fact::Origin { dev, ino, number });
     }
 
     /// The local object `(dev, ino)` is gone: its inode number may name a new object.
     pub fn forget_origin(&self, dev: u64, ino: u64) {
-        self.origins.lock().remove(&(dev, ino));
+        if self.origins.lock().remove(&(dev, ino)).is_some() {
+            self.note(&Fact::OriginGone { dev, ino });
+        }
     }
 
     /// The number of an entry known by parent and name: the same for the life of the
     /// mount, unless [`InodeTable::unbind_virtual`] drops it.
     pub fn named_number(&self, parent: u64, name: &OsString) -> u64 {
-        *self
-            .named_numbers
-            .lock()
-            .entry((parent, name.clone()))
-            .or_insert_with(|| self.counter())
+        let (number, new) = {
+            let mut named = self.named_numbers.lock();
+            match named.get(&(parent, name.clone())) {
+                Some(number) => (*number, false),
+                None => {
+                    let number = self.counter();
+                    named.insert((parent, name.clone()), number);
+                    (number, true)
+                }
+            }
+        };
+        if new {
+            self.note(&Fact::Named {
+                parent,
+                name: name.clone(),
+                number,
+            });
+        }
+        number
     }
 
     /// Forgets a synthesized entry's number and detaches its live node, so that the next
     /// lookup makes a new node (a symlink whose target changed must not keep the number,
     /// and so the target, the kernel cached for the old one).
     pub fn unbind_virtual(&self, parent: u64, name: &OsString) {
-        self.named_numbers.lock().remove(&(parent, name.clone()));
+        if self
+            .named_numbers
+            .lock()
+            .remove(&(parent, name.clone()))
+            .is_some()
+        {
+            self.note(&Fact::Unnamed {
+                parent,
+                name: name.clone(),
+            });
+        }
         let id = Identity::Virtual {
             parent,
             name: name.clone(),
@@ -378,11 +519,13 @@ impl InodeTable {
     /// (synthesized entries, names of remote files with several links). A search: only for
     /// a handle of a forgotten node.
     pub fn named_as(&self, ino: u64) -> Option<(u64, OsString)> {
-        self.named_numbers
+        let named = self
+            .named_numbers
             .lock()
             .iter()
             .find(|(_, n)| **n == ino)
-            .map(|((parent, name), _)| (*parent, name.clone()))
+            .map(|((parent, name), _)| (*parent, name.clone()));
+        named.or_else(|| self.placed.lock().get(&ino).cloned())
     }
 
     /// The number of an identity's live node.
@@ -473,7 +616,11 @@ impl InodeTable {
     }
 
     fn counter(&self) -> u64 {
-        COUNTER_BIT | self.next.fetch_add(1, Ordering::Relaxed)
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        if n >= self.reserved.load(Ordering::Relaxed) {
+            self.reserve(n);
+        }
+        COUNTER_BIT | n
     }
 }
 

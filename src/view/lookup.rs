@@ -168,6 +168,7 @@ impl View {
         let (new, stat) = self.build(parent, name, c, index, found)?;
         let node = self.inodes.hand_out(new);
         node.state().add_alias(parent, name);
+        self.inodes.placed(&node, parent.ino, name);
         self.remember_skeleton(&node);
         let stat = match stat {
             Some(st) => self.present(&node, st),

@@ -44,6 +44,7 @@ pub mod exports;
 pub mod identity;
 pub mod inodes;
 pub mod io;
+pub mod keep;
 pub mod listing;
 mod lookup;
 pub mod marker;
@@ -275,6 +276,17 @@ impl View {
     pub fn resume(&self) {
         self.resumed
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Keeps what the numbering does in `journal`, for a daemon that resumes after this one
+    /// (see [`keep`]).
+    pub fn keep_numbering_in(&self, journal: Arc<dyn keep::Journal>) {
+        self.inodes.keep_in(journal);
+    }
+
+    /// Takes back the numbering an earlier daemon kept.
+    pub fn restore_numbering(&self, facts: impl IntoIterator<Item = keep::Fact>) {
+        self.inodes.restore(facts);
     }
 
     /// A node the kernel holds from an earlier daemon, found again by its number. Finding
