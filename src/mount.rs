@@ -15,8 +15,9 @@ use crate::control::MountControl;
 use crate::daemon::Readiness;
 use crate::error::{Error, Result};
 use crate::fs::kernel_mount::{self, KernelMount};
+use crate::fs::HandleFact;
 use crate::fs::{ring, LayerFs, Timeouts, Transport, CROWD_THREADS, SYNC_THREADS};
-use crate::keeper::Kept;
+use crate::keeper::{Kept, Log};
 use crate::layout::{LayoutIndex, Scanner};
 use crate::metrics::{InodeCounts, Metrics, Sources};
 use crate::notice::Wire;
@@ -35,10 +36,26 @@ pub fn serve(config: &MountConfig, readiness: &mut Readiness) -> Result<()> {
 /// Serves the mount a keeper made and holds (see [`crate::keeper`]): the first daemon
 /// reads the INIT, a later one resumes the connection where the dead one left it.
 pub fn serve_kept(config: &MountConfig, kept: Kept, readiness: &mut Readiness) -> Result<()> {
+    let (log, records) = kept.state.log().map_err(|source| Error::Mount {
+        path: config.mountpoint.clone(),
+        source,
+    })?;
+    let kept = Inherited { kept, log, records };
     serve_on(config, Some(kept), readiness)
 }
 
-fn serve_on(config: &MountConfig, kept: Option<Kept>, readiness: &mut Readiness) -> Result<()> {
+/// A kept connection, and the journal the daemons before this one left in its state.
+pub struct Inherited {
+    kept: Kept,
+    log: Arc<Log>,
+    records: Vec<Vec<u8>>,
+}
+
+fn serve_on(
+    config: &MountConfig,
+    kept: Option<Inherited>,
+    readiness: &mut Readiness,
+) -> Result<()> {
     // Modes arrive from the kernel with the caller's umask already applied.
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     raise_fd_limit();
@@ -87,10 +104,7 @@ fn serve_on(config: &MountConfig, kept: Option<Kept>, readiness: &mut Readiness)
     }
     let view = Arc::new(view);
     if let Some(kept) = &kept {
-        keep_numbering(&view, kept).map_err(|source| Error::Mount {
-            path: config.mountpoint.clone(),
-            source,
-        })?;
+        keep_numbering(&view, kept);
     }
 
     // The first round gives the view its index before the kernel sees anything, through
@@ -147,7 +161,7 @@ fn serve_on(config: &MountConfig, kept: Option<Kept>, readiness: &mut Readiness)
     })?;
     let notices = fs.notices();
     let ring_negotiated = fs.ring_negotiated();
-    let restarts = kept.as_ref().map(|k| k.restarts);
+    let restarts = kept.as_ref().map(|k| k.kept.restarts);
 
     let (session, mut unmounter, device) = match kept {
         Some(kept) => resume_session(fs, config, kept),
@@ -534,16 +548,12 @@ fn open_session(
 
 /// Gives the view the numbering earlier daemons of this mount kept, before it gives any
 /// number itself, and keeps its own from now on (see `view::keep`).
-fn keep_numbering(view: &View, kept: &Kept) -> std::io::Result<()> {
-    let (log, records) = kept.state.log()?;
-    if kept.restarts > 0 {
-        let facts = records.len();
-        view.restore_numbering(records.iter().filter_map(|r| Fact::decode(r)));
+fn keep_numbering(view: &View, inherited: &Inherited) {
+    if inherited.kept.restarts > 0 {
+        view.restore_numbering(inherited.records.iter().filter_map(|r| Fact::decode(r)));
         view.resume();
-        info!(facts, "numbering of the earlier daemon taken back");
     }
-    view.keep_numbering_in(log);
-    Ok(())
+    view.keep_numbering_in(inherited.log.clone());
 }
 
 /// The session on the connection a keeper holds: read the INIT on the first start, and
@@ -551,8 +561,9 @@ fn keep_numbering(view: &View, kept: &Kept) -> std::io::Result<()> {
 fn resume_session(
     fs: LayerFs,
     config: &MountConfig,
-    kept: Kept,
+    inherited: Inherited,
 ) -> std::io::Result<(Session<LayerFs>, Unmounter, Option<std::os::fd::OwnedFd>)> {
+    let Inherited { kept, log, records } = inherited;
     let mut fuse = fuse_config(config);
     // A request read on a cloned descriptor dies with the daemon that read it, and is not
     // sent again: every thread reads the descriptor the keeper holds.
@@ -560,23 +571,33 @@ fn resume_session(
     let acl = fuse.acl;
     let notices = Some(kept.device.try_clone()?);
     let unmounter = Unmounter::Ours(KernelMount::at(&config.mountpoint));
-    let negotiation = fs.negotiation();
+    let resume = fs.resume();
     let session = if kept.restarts == 0 {
         let session = Session::from_fd(fs, kept.device, acl, fuse)?;
-        kept.state.save_negotiated(negotiation.get())?;
+        kept.state.save_negotiated(resume.negotiated())?;
         session
     } else {
         let negotiated = kept.state.negotiated().ok_or_else(|| {
             std::io::Error::other("the first daemon died before INIT was over; nothing to resume")
         })?;
-        negotiation.restore(negotiated);
+        resume.restore_negotiated(negotiated);
+        let session = Session::resume(fs, kept.device, acl, fuse);
+        let opens = resume.restore_opens(
+            records.iter().filter_map(|r| HandleFact::decode(r)),
+            // SAFETY: ids the dead daemon registered on this connection, journaled while it
+            // owned them and not released since; nothing else owns them now.
+            |raw| unsafe { session.adopt_backing(raw) },
+        );
         info!(
             restarts = kept.restarts,
             keeper = kept.keeper,
+            records = records.len(),
+            opens,
             "resuming the connection the keeper holds"
         );
-        Session::resume(fs, kept.device, acl, fuse)
+        session
     };
+    resume.keep_in(log);
     Ok((session, unmounter, notices))
 }
 

@@ -56,7 +56,7 @@ pub struct Opening {
     pub rights: Rights,
 }
 
-enum Slot {
+pub(super) enum Slot {
     Passthrough {
         id: Arc<BackingId>,
         layer: Layer,
@@ -67,6 +67,15 @@ enum Slot {
     Cached {
         opens: usize,
     },
+}
+
+impl Slot {
+    /// One more open of the inode, in its mode.
+    pub(super) fn add_open(&mut self) {
+        match self {
+            Slot::Passthrough { opens, .. } | Slot::Cached { opens } => *opens += 1,
+        }
+    }
 }
 
 /// What an open gets.
@@ -159,6 +168,11 @@ impl BackingTable {
                 }
             });
         }
+    }
+
+    /// Takes the modes an earlier daemon left the kernel's inodes in (see `resume`).
+    pub(super) fn restore(&self, slots: HashMap<u64, Slot>) {
+        self.slots.lock().extend(slots);
     }
 
     /// Whether the kernel's inode `ino` has a backing file of `layer`.

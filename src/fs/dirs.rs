@@ -31,10 +31,25 @@ impl Core {
         offset: u64,
         mut reply: ReplyDirectory,
     ) -> Handed<ReplyDirectory> {
-        let handle = tri!(reply, self.handles.get(fh.0).ok_or(Errno::EBADF));
+        let (handle, adopted) = match self.handles.get(fh.0) {
+            Some(handle) => (handle, false),
+            // A directory an earlier daemon opened (see `resume`): its listing is taken
+            // again, and read on from the same offset.
+            None if self.resumed.load(Ordering::Relaxed) => {
+                let dir = Handle::Dir(DirHandle {
+                    ino: ino.0,
+                    entries: Mutex::new(Arc::new(Vec::new())),
+                });
+                (self.handles.insert_at(fh.0, dir), true)
+            }
+            None => {
+                reply.error(errno(Errno::EBADF));
+                return Ok(());
+            }
+        };
         let dir = tri!(reply, handle.as_dir().ok_or(Errno::EBADF));
         // Offset 0 is an opendir or a rewind: take a fresh listing.
-        let entries = if offset == 0 {
+        let entries = if offset == 0 || adopted {
             let node = tri!(reply, self.view.node(ino.0));
             let listing = Arc::new(opened!(reply, self.patiently(|view| view.list(&node))));
             *dir.entries.lock() = listing.clone();

@@ -20,7 +20,7 @@ use fuser::{
 };
 
 use super::pool::{Load, Pool};
-use super::{creator, outcome, time, Core, Handed, Negotiation, Timeouts, Transport, Who};
+use super::{creator, outcome, time, Core, Handed, Resume, Timeouts, Transport, Who};
 use crate::metrics::{FsTables, Metrics};
 use crate::notice::Notices;
 use crate::view::attrs::SetAttr;
@@ -92,9 +92,10 @@ impl LayerFs {
         self.core.ring.clone()
     }
 
-    /// What `init` settles with the kernel, read after it or restored without it.
-    pub fn negotiation(&self) -> Negotiation {
-        Negotiation(self.core.clone())
+    /// What a daemon that resumes this session's connection will need, and the means to
+    /// restore it (see `resume`).
+    pub fn resume(&self) -> Resume {
+        Resume(self.core.clone())
     }
 
     /// Where handlers send their notices to the kernel; started once the session exists.

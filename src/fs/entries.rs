@@ -71,7 +71,7 @@ impl Core {
         if kill || (set.size.is_some() && who.uid != 0) {
             tri!(reply, self.view.drop_privileges(&node, who));
         }
-        let handle = fh.and_then(|fh| self.handles.file(fh.0));
+        let handle = fh.and_then(|fh| self.file(fh).ok());
         let open = handle
             .as_ref()
             .and_then(|h| h.as_file())

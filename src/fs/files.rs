@@ -31,6 +31,7 @@ impl Core {
             writes,
             rights: registered_rights(who, layer),
         };
+        let opening_rights = opening.rights;
         let grant = self
             .backing
             .acquire(node.ino, opening, || backing_as(who, layer, || open(fd)));
@@ -50,7 +51,11 @@ impl Core {
             },
             _ => None,
         };
-        Ok(Some(Granted { grant, held }))
+        Ok(Some(Granted {
+            grant,
+            held,
+            rights: opening_rights,
+        }))
     }
 
     /// The local copy of a remote file `file` opened before it was copied up, once it has
@@ -110,7 +115,11 @@ impl Core {
         layer: Layer,
         flags: i32,
         created: bool,
-        Granted { grant, held }: Granted,
+        Granted {
+            grant,
+            held,
+            rights,
+        }: Granted,
     ) -> (u64, Grant) {
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // A shared writable mapping of this open changes the file where the daemon cannot
@@ -132,6 +141,20 @@ impl Core {
             copy: Mutex::new(None),
             copy_flags: copy_flags(flags),
             _held: held,
+        }));
+        self.note_open(HandleFact::Opened(resume::Opened {
+            fh,
+            ino: node.ino,
+            flags,
+            layer,
+            mode: grant.mode(),
+            backing: match &grant {
+                Grant::Passthrough(id) | Grant::Direct(id) => Some(id.raw()),
+                Grant::Cached | Grant::Uncached => None,
+            },
+            rights,
+            bypasses,
+            maps_writes,
         }));
         (fh, grant)
     }
@@ -233,6 +256,12 @@ impl Core {
     }
 
     pub(super) fn release(&self, fh: FileHandle, reply: ReplyEmpty) {
+        // Journaled once done: a release resent after a crash finds the handle still open
+        // in the journal, and is done again by the daemon that resumes.
+        if self.release_orphan(fh.0) {
+            self.note_open(HandleFact::Released { fh: fh.0 });
+            return reply.ok();
+        }
         if let Some(handle) = self.handles.remove(fh.0) {
             if let Some(file) = handle.as_file() {
                 self.backing.release(file.node.ino);
@@ -246,6 +275,7 @@ impl Core {
                     .released(&file.node, counted, file.bypasses, file.maps_writes);
             }
         }
+        self.note_open(HandleFact::Released { fh: fh.0 });
         reply.ok();
     }
 
@@ -290,6 +320,7 @@ impl Core {
         let granted = tri!(reply, granted).unwrap_or(Granted {
             grant: Grant::Uncached,
             held: None,
+            rights: registered_rights(who, layer),
         });
         let (fh, grant) = self.opened(&entry.node, fd, layer, flags, true, granted);
         let fopen = self.open_flags(&grant);
@@ -401,7 +432,7 @@ impl AsFd for Target<'_> {
 }
 
 /// How an open's local copy is opened, from its own flags (see [`OpenFile::copy_flags`]).
-fn copy_flags(flags: i32) -> i32 {
+pub(super) fn copy_flags(flags: i32) -> i32 {
     match flags & libc::O_ACCMODE {
         libc::O_RDONLY => libc::O_RDONLY,
         _ => libc::O_RDWR | (flags & (libc::O_SYNC | libc::O_DSYNC)),
@@ -412,6 +443,8 @@ fn copy_flags(flags: i32) -> i32 {
 struct Granted {
     grant: Grant,
     held: Option<Reserved>,
+    /// Whose rights a backing file registered for it has.
+    rights: Rights,
 }
 
 /// Registers a passthrough backing file. The kernel writes through it later with the

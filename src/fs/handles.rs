@@ -103,6 +103,18 @@ impl HandleTable {
         fh
     }
 
+    /// Places a handle under a number an earlier daemon gave (see `resume`).
+    pub fn insert_at(&self, fh: u64, handle: Handle) -> Arc<Handle> {
+        let handle = Arc::new(handle);
+        self.open.write().insert(fh, handle.clone());
+        handle
+    }
+
+    /// Numbers new handles past `fh`.
+    pub fn number_past(&self, fh: u64) {
+        self.next.fetch_max(fh + 1, Ordering::Relaxed);
+    }
+
     pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {
         self.open.read().get(&fh).cloned()
     }

@@ -16,7 +16,7 @@ mod dispatch;
 
 pub use dispatch::LayerFs;
 pub(crate) use dispatch::{CROWD_THREADS, SYNC_THREADS};
-pub use session::{Negotiated, Negotiation};
+pub use resume::{HandleFact, Negotiated, Resume};
 pub mod handles;
 pub mod kernel_mount;
 pub mod pool;
@@ -99,6 +99,13 @@ pub struct Core {
     /// Whether the kernel took FUSE_OVER_IO_URING at `init`: the ring's queues may register.
     ring: Arc<AtomicBool>,
     notices: Arc<Notices>,
+    /// Where opens and releases are kept for a daemon that resumes (see [`resume`]).
+    journal: std::sync::OnceLock<Arc<dyn crate::view::keep::Journal>>,
+    /// Handles an earlier daemon handed out, not yet opened again (see [`resume`]).
+    orphans: resume::Orphans,
+    /// This daemon resumed a connection: handle numbers it never gave are an earlier
+    /// daemon's.
+    resumed: AtomicBool,
 }
 
 impl Core {
@@ -114,6 +121,9 @@ impl Core {
             want_ring: transport.io_uring,
             keep_cache: transport.keep_cache,
             ring: Arc::new(AtomicBool::new(false)),
+            journal: std::sync::OnceLock::new(),
+            orphans: Default::default(),
+            resumed: AtomicBool::new(false),
         }
     }
 
@@ -172,7 +182,10 @@ impl Core {
     }
 
     fn file(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
-        self.handles.file(fh.0).ok_or(Errno::EBADF)
+        match self.handles.file(fh.0) {
+            Some(handle) => Ok(handle),
+            None => self.adopt(fh.0).ok_or(Errno::EBADF),
+        }
     }
 }
 
@@ -306,5 +319,6 @@ macro_rules! opened {
 mod dirs;
 mod entries;
 mod files;
+mod resume;
 mod session;
 mod xattrs;

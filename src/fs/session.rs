@@ -2,36 +2,6 @@
 
 use super::*;
 
-/// What the kernel and the daemon agreed at `init` that the daemon acts on, for a daemon
-/// that resumes the connection later (it gets no `init`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Negotiated {
-    pub passthrough: bool,
-    pub expire_only: bool,
-}
-
-/// A handle on a session's negotiation, kept while the filesystem itself moves into the
-/// session.
-pub struct Negotiation(pub(super) Arc<Core>);
-
-impl Negotiation {
-    /// What `init` settled (nothing before it).
-    pub fn get(&self) -> Negotiated {
-        Negotiated {
-            passthrough: self.0.passthrough.load(Ordering::Relaxed),
-            expire_only: self.0.notices.expire_only(),
-        }
-    }
-
-    /// Acts as `init` settled for the daemon that read it.
-    pub fn restore(&self, negotiated: Negotiated) {
-        self.0
-            .passthrough
-            .store(negotiated.passthrough, Ordering::Relaxed);
-        self.0.notices.set_expire_only(negotiated.expire_only);
-    }
-}
-
 impl Core {
     pub(super) fn init(&self, config: &mut KernelConfig) -> std::io::Result<()> {
         let offered = config.capabilities();

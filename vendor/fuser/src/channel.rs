@@ -26,6 +26,11 @@ impl Channel {
         Self(device)
     }
 
+    /// The device this channel reads.
+    pub(crate) fn device(&self) -> &Arc<DevFuse> {
+        &self.0
+    }
+
     /// Receives data up to the capacity of the given buffer (can block).
     fn receive(&self, buffer: &mut [u8]) -> nix::Result<usize> {
         nix::unistd::read(&self.0, buffer)

@@ -75,6 +75,11 @@ impl BackingId {
         }
     }
 
+    /// The raw `backing_id` value, which this reference keeps owning.
+    pub fn raw(&self) -> u32 {
+        self.backing_id
+    }
+
     /// Converts this backing file reference into the raw `backing_id` value as returned by the kernel.
     ///
     /// This method transfers ownership of the backing file to the caller, who must invoke the

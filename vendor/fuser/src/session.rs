@@ -33,6 +33,7 @@ use crate::Request;
 use crate::channel::Channel;
 use crate::channel::ChannelSender;
 use crate::dev_fuse::DevFuse;
+use crate::passthrough::BackingId;
 use crate::ll;
 use crate::ll::Operation;
 use crate::ll::ResponseErrno;
@@ -245,6 +246,16 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
         }
+    }
+
+    /// Takes ownership of a backing id registered on this session's connection by an
+    /// earlier process (see [`Session::resume`]): the reference closes it when dropped.
+    ///
+    /// # Safety
+    /// `id` must be registered on this connection and owned by nothing else.
+    pub unsafe fn adopt_backing(&self, id: u32) -> BackingId {
+        // SAFETY: the caller vouches for `id` being ours to own.
+        unsafe { BackingId::wrap_raw(self.ch.device(), id) }
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
