@@ -264,7 +264,7 @@ fn rename_moves_usage_between_roots() {
     let (b2, b3) = (used(&m, "overlay/c2"), used(&m, "overlay/c3"));
     let data = write_file(&out.join("f"), 2 * MIB as usize, 5);
 
-    fs::rename(out.join("f"), c2.join("f")).unwrap();
+    rename_when_closed(&out.join("f"), &c2.join("f"));
     assert_close(
         "c2 after a 2 MiB file moved in",
         used(&m, "overlay/c2"),

@@ -47,5 +47,5 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-cargo test --workspace --all-targets
+cargo test --workspace --all-targets --no-fail-fast
 bash tests/systemd_units.sh
