@@ -11,8 +11,10 @@
 //! per connection), restores what the first one negotiated, and asks the kernel to send
 //! again the requests the dead one had read but not answered (`FUSE_NOTIFY_RESEND`).
 //!
-//! Restarts back off (from 0 to [`MAX_BACKOFF`]); a daemon that dies [`CRASHES`] times
-//! within [`CRASH_WINDOW`] is not started again: the keeper aborts the connection, so that
+//! A daemon that died while serving is replaced at once, however often that happens. One
+//! that dies before it serves (a bad state, a binary that cannot start) is replaced after a
+//! wait that grows to [`MAX_BACKOFF`]; after [`CRASHES`] such deaths within
+//! [`CRASH_WINDOW`] none is started again: the keeper aborts the connection, so that
 //! callers get an error instead of waiting forever, and detaches the mount.
 //!
 //! The keeper forks before it starts any thread, and only ever waits on one descriptor
@@ -44,7 +46,8 @@ use crate::error::{Error, Result};
 use crate::fs::{kernel_mount, Negotiated};
 use crate::view::keep::Journal;
 
-/// Crashes within [`CRASH_WINDOW`] after which the daemon is not started again.
+/// Daemons dying before they serve, within [`CRASH_WINDOW`], after which none is started
+/// again.
 const CRASHES: usize = 5;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
 /// The longest wait before a restart.
@@ -250,27 +253,34 @@ pub fn keep(
         let kept = kept().map_err(mount_error)?;
         let (word, daemon) =
             start(config, kept, &old_mask, first.as_deref_mut(), serve).map_err(mount_error)?;
+        // A daemon says `ok` once it serves.
+        let word = read_word(word);
+        let served = word.as_deref() == Some("ok");
         if let Some(readiness) = first.take() {
             // The first daemon's word on whether the mount is live goes to whoever waits.
-            match read_word(word) {
-                Some(word) if word == "ok" => readiness.ready(),
-                said => {
-                    let reason = said
-                        .unwrap_or_else(|| "the daemon exited before the mount was live".into());
-                    readiness.failed(&reason);
-                    let _ = wait_for(daemon, &mut signals);
-                    let _ = mount.unmount();
-                    return Ok(1);
-                }
+            if served {
+                readiness.ready();
+            } else {
+                let reason =
+                    word.unwrap_or_else(|| "the daemon exited before the mount was live".into());
+                readiness.failed(&reason);
+                let _ = wait_for(daemon, &mut signals);
+                let _ = mount.unmount();
+                return Ok(1);
             }
-        } else {
-            drop(word);
         }
         match wait_for(daemon, &mut signals) {
             Ended::Done(code) => return Ok(code),
             Ended::Crashed(how) => {
+                // Only daemons that die before they serve make a crash loop: one killed
+                // while serving (by the OOM killer, an operator, a bug a request hit) is
+                // started again at once, however often.
                 let now = Instant::now();
-                crashes.push_back(now);
+                if served {
+                    crashes.clear();
+                } else {
+                    crashes.push_back(now);
+                }
                 while crashes
                     .front()
                     .is_some_and(|t| now.duration_since(*t) > CRASH_WINDOW)
@@ -398,12 +408,23 @@ fn abort_connection(mountpoint: &Path) {
         warn!(mountpoint = %point.display(), "the mount's connection was not found to abort");
         return;
     };
-    let path = format!("/sys/fs/fuse/connections/{minor}/abort");
+    let connections = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(connections).map_or(true, |mut entries| entries.next().is_none()) {
+        // The FUSE control filesystem is not mounted on every host.
+        let _ = nix::mount::mount(
+            Some("fusectl"),
+            connections,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        );
+    }
+    let path = connections.join(&minor).join("abort");
     if let Err(e) = std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
         .and_then(|mut f| f.write_all(b"1"))
     {
-        warn!(error = %e, path, "aborting the connection failed");
+        warn!(error = %e, path = %path.display(), "aborting the connection failed");
     }
 }

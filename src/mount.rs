@@ -22,7 +22,9 @@ use crate::layout::{LayoutIndex, Scanner};
 use crate::metrics::{InodeCounts, Metrics, Sources};
 use crate::notice::Wire;
 use crate::refresh::{self, MountInfo, RefreshHandle, Refresher};
-use crate::report::{ImageInfo, LayerInfo, QuotaAnswer, QuotaRequest, RoundReport, Status};
+use crate::report::{
+    ImageInfo, KeeperInfo, LayerInfo, QuotaAnswer, QuotaRequest, RoundReport, Status,
+};
 use crate::store::atime::{self, AccessTimes, Atime};
 use crate::view::keep::Fact;
 use crate::view::{open_root, Layout, View};
@@ -162,6 +164,10 @@ fn serve_on(
     let notices = fs.notices();
     let ring_negotiated = fs.ring_negotiated();
     let restarts = kept.as_ref().map(|k| k.kept.restarts);
+    let keeper = kept.as_ref().map(|k| KeeperInfo {
+        pid: k.kept.keeper,
+        restarts: k.kept.restarts,
+    });
 
     let (session, mut unmounter, device) = match kept {
         Some(kept) => resume_session(fs, config, kept),
@@ -193,6 +199,7 @@ fn serve_on(
         view: view.clone(),
         metrics: metrics_server.as_ref().map(|s| s.local_addr().to_string()),
         ring: ring_negotiated.clone(),
+        keeper,
     });
     if let Some(metrics) = &metrics {
         metrics.set_sources(control.clone());
@@ -362,6 +369,7 @@ struct Control {
     /// Whether requests come through FUSE over io_uring: the kernel took it at `init` and
     /// every queue registered.
     ring: Arc<AtomicBool>,
+    keeper: Option<KeeperInfo>,
 }
 
 impl Sources for Control {
@@ -383,6 +391,7 @@ impl MountControl for Control {
         let ring = self.ring.load(Ordering::Relaxed);
         status.transport = Some(if ring { "io_uring" } else { "/dev/fuse" }.to_owned());
         status.log = crate::logging::destination().map(|d| d.to_string());
+        status.keeper = self.keeper.clone();
         status
     }
     fn refresh(&self) -> RoundReport {

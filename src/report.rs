@@ -103,6 +103,20 @@ pub struct Status {
     /// Where the daemon's log goes: `the journal`, `stderr`, or a file's path.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log: Option<String>,
+    /// The process serving the mount.
+    pub daemon_pid: u32,
+    /// The keeper holding the mount's connection, when it has one (`-o keeper`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keeper: Option<KeeperInfo>,
+}
+
+/// The keeper of a mount, as `status` shows it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct KeeperInfo {
+    pub pid: u32,
+    /// How many daemons died and were started again on the same connection.
+    pub restarts: u32,
 }
 
 /// A layer as `layerfs layers` lists it.

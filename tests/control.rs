@@ -87,6 +87,8 @@ impl MountControl for Fake {
             metrics: None,
             transport: None,
             log: None,
+            daemon_pid: std::process::id(),
+            keeper: None,
         }
     }
     fn refresh(&self) -> RoundReport {

@@ -284,6 +284,8 @@ mod tests {
                 metrics: None,
                 transport: None,
                 log: None,
+                daemon_pid: 4242,
+                keeper: None,
             }
         }
         fn refresh(&self) -> RoundReport {

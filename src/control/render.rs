@@ -52,6 +52,19 @@ pub fn status(s: &Status, now: f64) -> String {
     if let Some(log) = &s.log {
         line("log", log);
     }
+    match &s.keeper {
+        Some(k) => line(
+            "daemon",
+            &format!(
+                "pid {}, kept by pid {} ({} restart{})",
+                s.daemon_pid,
+                k.pid,
+                k.restarts,
+                if k.restarts == 1 { "" } else { "s" }
+            ),
+        ),
+        None => line("daemon", &format!("pid {}", s.daemon_pid)),
+    }
     let interval = if s.refresh_interval_secs > 0.0 {
         format!("every {}", seconds(s.refresh_interval_secs))
     } else {
@@ -470,6 +483,8 @@ mod tests {
             metrics: None,
             transport: Some("/dev/fuse".into()),
             log: None,
+            daemon_pid: 4242,
+            keeper: None,
         }
     }
 
@@ -482,6 +497,22 @@ mod tests {
         let text = status(&s, T0 + 12.0);
         assert!(
             text.contains("\nlog         /var/log/layerfs/mnt-layers.log\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn status_shows_the_keeper_and_its_restarts() {
+        let s = Status {
+            keeper: Some(crate::report::KeeperInfo {
+                pid: 7,
+                restarts: 2,
+            }),
+            ..status_view()
+        };
+        let text = status(&s, T0 + 12.0);
+        assert!(
+            text.contains("\ndaemon      pid 4242, kept by pid 7 (2 restarts)\n"),
             "{text}"
         );
     }
@@ -522,6 +553,7 @@ local       /var/lib/layerfs
 driver      overlay
 socket      /run/layerfs/mounts/var-lib-isulad-storage.sock
 requests    through /dev/fuse
+daemon      pid 4242
 refresh     every 5s; 7 rounds since mounted
 last round  2024-05-01 12:00:03 UTC (12s ago), took 3.2 ms: 1 added, 0 removed, 1 changed
 ready       4 layers, 1 image

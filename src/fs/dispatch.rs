@@ -20,6 +20,7 @@ use fuser::{
 };
 
 use super::pool::{Load, Pool};
+use super::resent::resent;
 use super::{creator, outcome, time, Core, Handed, Resume, Timeouts, Transport, Who};
 use crate::metrics::{FsTables, Metrics};
 use crate::notice::Notices;
@@ -281,7 +282,7 @@ impl Filesystem for LayerFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let who = creator(Who::of(req), umask);
+        let (who, resent) = (creator(Who::of(req), umask), resent(req));
         let wait = self.view_of().name_may_wait(parent.0, name);
         self.opening(
             "mknod",
@@ -289,7 +290,7 @@ impl Filesystem for LayerFs {
             &[parent.0],
             name,
             reply,
-            move |core, name, reply| core.mknod(who, parent, name, mode, rdev, reply),
+            move |core, name, reply| core.mknod(who, parent, name, mode, rdev, resent, reply),
         );
     }
 
@@ -302,7 +303,7 @@ impl Filesystem for LayerFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let who = creator(Who::of(req), umask);
+        let (who, resent) = (creator(Who::of(req), umask), resent(req));
         let wait = self.view_of().name_may_wait(parent.0, name);
         self.opening(
             "mkdir",
@@ -310,18 +311,18 @@ impl Filesystem for LayerFs {
             &[parent.0],
             name,
             reply,
-            move |core, name, reply| core.mkdir(who, parent, name, mode, reply),
+            move |core, name, reply| core.mkdir(who, parent, name, mode, resent, reply),
         );
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, "unlink", wait, core => core.unlink(parent, name, reply), own { name });
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (wait, resent) = (self.view_of().name_may_wait(parent.0, name), resent(req));
+        serve!(self, "unlink", wait, core => core.unlink(parent, name, resent, reply), own { name });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let wait = self.view_of().name_may_wait(parent.0, name);
-        serve!(self, "rmdir", wait, core => core.rmdir(parent, name, reply), own { name });
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (wait, resent) = (self.view_of().name_may_wait(parent.0, name), resent(req));
+        serve!(self, "rmdir", wait, core => core.rmdir(parent, name, resent, reply), own { name });
     }
 
     fn symlink(
@@ -332,7 +333,7 @@ impl Filesystem for LayerFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let who = Who::of(req);
+        let (who, resent) = (Who::of(req), resent(req));
         let wait = self.view_of().name_may_wait(parent.0, link_name);
         // The target is copied: symlinks are few, and `opening` copies one name only.
         let target = target.to_owned();
@@ -342,13 +343,15 @@ impl Filesystem for LayerFs {
             &[parent.0],
             link_name,
             reply,
-            move |core, link_name, reply| core.symlink(who, parent, link_name, &target, reply),
+            move |core, link_name, reply| {
+                core.symlink(who, parent, link_name, &target, resent, reply)
+            },
         );
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -360,15 +363,16 @@ impl Filesystem for LayerFs {
         let wait = view.name_may_wait(parent.0, name) || view.name_may_wait(newparent.0, newname);
         // The kernel holds both directories while the rename waits.
         let held = wait.then(|| view.held_for(&[parent.0, newparent.0]));
+        let resent = resent(req);
         serve!(self, "rename", wait, core => {
             let _held = held;
-            core.rename(parent, name, newparent, newname, flags, reply)
+            core.rename(parent, name, newparent, newname, flags, resent, reply)
         }, own { name, newname });
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
@@ -379,6 +383,7 @@ impl Filesystem for LayerFs {
         // The kernel holds the new name's directory, which may be local, while the link
         // copies the file up from the remote; the mark lasts as long as the request.
         let copying = wait.then(|| view.held_for(&[newparent.0]));
+        let resent = resent(req);
         self.opening(
             "link",
             wait,
@@ -387,7 +392,7 @@ impl Filesystem for LayerFs {
             reply,
             move |core, newname, reply| {
                 let _copying = &copying;
-                core.link(ino, newparent, newname, reply)
+                core.link(ino, newparent, newname, resent, reply)
             },
         );
     }
@@ -569,7 +574,7 @@ impl Filesystem for LayerFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let who = creator(Who::of(req), umask);
+        let (who, resent) = (creator(Who::of(req), umask), resent(req));
         let wait = self.view_of().name_may_wait(parent.0, name);
         self.opening(
             "create",
@@ -577,7 +582,7 @@ impl Filesystem for LayerFs {
             &[parent.0],
             name,
             reply,
-            move |core, name, reply| core.create(who, parent, name, mode, flags, reply),
+            move |core, name, reply| core.create(who, parent, name, mode, flags, resent, reply),
         );
     }
 

@@ -87,6 +87,8 @@ impl Core {
         reply.data(&target);
     }
 
+    // The request's own arguments, and whether it is sent again (see `resent`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn mknod(
         &self,
         who: Caller,
@@ -94,12 +96,11 @@ impl Core {
         name: &OsStr,
         mode: u32,
         rdev: u32,
+        resent: bool,
         reply: ReplyEntry,
     ) -> Handed<ReplyEntry> {
-        let entry = opened!(
-            reply,
-            self.patiently(|view| view.mknod(parent.0, name, mode, rdev, who))
-        );
+        let made = self.patiently(|view| view.mknod(parent.0, name, mode, rdev, who));
+        let entry = opened!(reply, self.made_before(resent, parent.0, name, made));
         self.reply_entry(reply, &entry);
         Ok(())
     }
@@ -110,23 +111,24 @@ impl Core {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
+        resent: bool,
         reply: ReplyEntry,
     ) -> Handed<ReplyEntry> {
-        let entry = opened!(
-            reply,
-            self.patiently(|view| view.mkdir(parent.0, name, mode, who))
-        );
+        let made = self.patiently(|view| view.mkdir(parent.0, name, mode, who));
+        let entry = opened!(reply, self.made_before(resent, parent.0, name, made));
         self.reply_entry(reply, &entry);
         Ok(())
     }
 
-    pub(super) fn unlink(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        tri!(reply, self.view.unlink(parent.0, name));
+    pub(super) fn unlink(&self, parent: INodeNo, name: &OsStr, resent: bool, reply: ReplyEmpty) {
+        let removed = self.view.unlink(parent.0, name);
+        tri!(reply, self.removed_before(resent, removed));
         reply.ok();
     }
 
-    pub(super) fn rmdir(&self, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        tri!(reply, self.view.rmdir(parent.0, name));
+    pub(super) fn rmdir(&self, parent: INodeNo, name: &OsStr, resent: bool, reply: ReplyEmpty) {
+        let removed = self.view.rmdir(parent.0, name);
+        tri!(reply, self.removed_before(resent, removed));
         reply.ok();
     }
 
@@ -136,17 +138,18 @@ impl Core {
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
+        resent: bool,
         reply: ReplyEntry,
     ) -> Handed<ReplyEntry> {
         let (target, who) = (target.as_os_str(), caller(req));
-        let entry = opened!(
-            reply,
-            self.patiently(|view| view.symlink(parent.0, link_name, target, who))
-        );
+        let made = self.patiently(|view| view.symlink(parent.0, link_name, target, who));
+        let entry = opened!(reply, self.made_before(resent, parent.0, link_name, made));
         self.reply_entry(reply, &entry);
         Ok(())
     }
 
+    // The request's own arguments, and whether it is sent again (see `resent`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn rename(
         &self,
         parent: INodeNo,
@@ -154,12 +157,17 @@ impl Core {
         newparent: INodeNo,
         newname: &OsStr,
         flags: RenameFlags,
+        resent: bool,
         reply: ReplyEmpty,
     ) {
+        let renamed = self
+            .view
+            .rename(parent.0, name, newparent.0, newname, flags.bits());
+        let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+        let target = (newparent.0, newname);
         tri!(
             reply,
-            self.view
-                .rename(parent.0, name, newparent.0, newname, flags.bits())
+            self.renamed_before(resent, exchange, target, renamed)
         );
         reply.ok();
     }
@@ -169,12 +177,11 @@ impl Core {
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
+        resent: bool,
         reply: ReplyEntry,
     ) -> Handed<ReplyEntry> {
-        let entry = opened!(
-            reply,
-            self.patiently(|view| view.link(ino.0, newparent.0, newname))
-        );
+        let made = self.patiently(|view| view.link(ino.0, newparent.0, newname));
+        let entry = opened!(reply, self.made_before(resent, newparent.0, newname, made));
         self.reply_entry(reply, &entry);
         Ok(())
     }

@@ -298,6 +298,8 @@ impl Core {
         reply.ok();
     }
 
+    // The request's own arguments, and whether it is sent again (see `resent`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn create(
         &self,
         who: Caller,
@@ -305,12 +307,19 @@ impl Core {
         name: &OsStr,
         mode: u32,
         flags: i32,
+        resent: bool,
         reply: ReplyCreate,
     ) -> Handed<ReplyCreate> {
-        let (entry, fd) = opened!(
-            reply,
-            self.patiently(|view| view.create(parent.0, name, mode, flags, who))
-        );
+        let made = match self.patiently(|view| view.create(parent.0, name, mode, flags, who)) {
+            // Made by the daemon that died with the request (see `resent`): opened now.
+            Err(Errno::EEXIST) if resent => self.view.lookup(parent.0, name).and_then(|entry| {
+                let reopen = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
+                let (fd, _) = self.view.open(&entry.node, reopen, false)?;
+                Ok((entry, fd))
+            }),
+            made => made,
+        };
+        let (entry, fd) = opened!(reply, made);
         let layer = crate::view::Layer::Local;
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let granted = self.grant(&entry.node, &fd, layer, writes, who, |fd| {

@@ -319,6 +319,7 @@ macro_rules! opened {
 mod dirs;
 mod entries;
 mod files;
+mod resent;
 mod resume;
 mod session;
 mod xattrs;

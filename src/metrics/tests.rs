@@ -78,6 +78,8 @@ impl Fake {
                 metrics: None,
                 transport: None,
                 log: None,
+                daemon_pid: 4242,
+                keeper: None,
             }),
         })
     }

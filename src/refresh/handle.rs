@@ -116,6 +116,8 @@ impl RefreshHandle {
             metrics: None,
             transport: None,
             log: None,
+            daemon_pid: std::process::id(),
+            keeper: None,
         }
     }
 
