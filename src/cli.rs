@@ -33,6 +33,9 @@ pub enum Command {
     Images(ControlArgs),
     /// Unmount a layerfs mount and wait until its daemon has finished.
     Umount(UmountArgs),
+    /// Hand a mount kept by a keeper (`-o keeper`) over to the layerfs binary now on disk,
+    /// without unmounting: callers wait for the gap, nothing fails.
+    Upgrade(UpgradeArgs),
     /// Set, show, list or clear quotas on directories of a running mount.
     Quota(QuotaArgs),
 }
@@ -124,6 +127,15 @@ pub struct UmountArgs {
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub wait: u64,
     /// The mount to stop.
+    pub mountpoint: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct UpgradeArgs {
+    /// Seconds to wait for the new daemon to serve.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub wait: u64,
+    /// The mount to hand over.
     pub mountpoint: PathBuf,
 }
 

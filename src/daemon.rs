@@ -51,11 +51,6 @@ impl Readiness {
         }
     }
 
-    /// Closes this process's end of the pipe without a word: another process speaks.
-    pub fn let_go(&mut self) {
-        self.pipe = None;
-    }
-
     /// Tells the waiting parent why mounting failed; `false` when there is no parent
     /// waiting (in the foreground, or once the mount was live).
     pub fn failed(&mut self, reason: &str) -> bool {
@@ -69,7 +64,8 @@ impl Readiness {
 /// Forks. In the parent this never returns: it exits with 0 once the child says the mount
 /// is live, with `failure_code` otherwise.
 pub fn detach(failure_code: i32) -> std::io::Result<Readiness> {
-    let (read, write) = nix::unistd::pipe()?;
+    // Close-on-exec: a daemon a keeper runs must not hold the end the parent waits on.
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     // SAFETY: called before the process starts any thread.
     match unsafe { fork() }? {
         ForkResult::Parent { .. } => {

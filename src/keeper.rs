@@ -25,7 +25,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +36,7 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::{fork, ForkResult, Pid};
+use nix::unistd::Pid;
 use parking_lot::Mutex;
 use tracing::{error, info, warn};
 
@@ -53,6 +53,14 @@ const CRASH_WINDOW: Duration = Duration::from_secs(60);
 /// The longest wait before a restart.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The environment variable that tells a daemon it was started by a keeper, and where its
+/// descriptors are.
+pub const KEPT_ENV: &str = "LAYERFS_KEPT";
+
+/// What a daemon that exits with this code asks: to be replaced by the binary now on disk
+/// (`layerfs upgrade`), not to end the mount.
+pub const HAND_OVER: i32 = 75;
+
 /// What a daemon started by the keeper is given.
 pub struct Kept {
     /// The connection, as the keeper holds it (the same open file).
@@ -64,6 +72,53 @@ pub struct Kept {
     pub restarts: u32,
     /// The keeper's process id, for `status`.
     pub keeper: u32,
+    /// When the daemon before this one stopped serving (`CLOCK_REALTIME`, ns; 0 for the
+    /// first): the gap callers waited through is measured from it.
+    pub stopped_ns: u64,
+}
+
+impl Kept {
+    /// What the keeper handed to this process, taken out of the environment: the
+    /// descriptors, and the pipe to say `ok` on. `None` for a process a keeper did not
+    /// start.
+    pub fn inherited() -> Option<std::io::Result<(Kept, File)>> {
+        let spec = std::env::var(KEPT_ENV).ok()?;
+        // Read once, at start: nothing this process starts is a kept daemon.
+        std::env::remove_var(KEPT_ENV);
+        Some(Self::parse(&spec))
+    }
+
+    fn parse(spec: &str) -> std::io::Result<(Kept, File)> {
+        let bad =
+            || std::io::Error::other(format!("{KEPT_ENV}={spec:?} is not what a keeper sets"));
+        let field = |key: &str| -> std::io::Result<u64> {
+            spec.split(',')
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(bad)
+        };
+        let fd = |key: &str| -> std::io::Result<OwnedFd> {
+            let raw = i32::try_from(field(key)?).map_err(|_| bad())?;
+            nix::fcntl::fcntl(
+                unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) },
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )
+            .map_err(|_| bad())?;
+            // SAFETY: a descriptor the keeper left open for this process, which owns it now
+            // (fcntl just showed it is open).
+            Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+        };
+        let kept = Kept {
+            device: fd("device")?,
+            state: State {
+                file: File::from(fd("state")?),
+            },
+            restarts: u32::try_from(field("restarts")?).map_err(|_| bad())?,
+            keeper: u32::try_from(field("keeper")?).map_err(|_| bad())?,
+            stopped_ns: field("stopped")?,
+        };
+        Ok((kept, File::from(fd("ready")?)))
+    }
 }
 
 /// What a daemon leaves to the next one: a memory file the keeper holds, so it lasts as
@@ -196,16 +251,15 @@ enum Ended {
     Done(i32),
     /// It died while the mount stands.
     Crashed(String),
+    /// It stopped to be replaced by the binary now on disk.
+    HandedOver,
 }
 
-/// Makes the mount and keeps it, forking a daemon to serve it (`serve`) and forking another
-/// whenever one dies, until the mount ends. `readiness` is told once the first daemon has
-/// the mount live. Returns the last daemon's exit code.
-pub fn keep(
-    config: &MountConfig,
-    readiness: &mut Readiness,
-    serve: fn(&MountConfig, Kept, &mut Readiness) -> Result<()>,
-) -> Result<i32> {
+/// Makes the mount and keeps it, starting a daemon to serve it and another whenever one
+/// dies or hands over, until the mount ends. A daemon is this program's binary as it is on
+/// disk then, run with this process's arguments. `readiness` is told once the first daemon
+/// has the mount live. Returns the last daemon's exit code.
+pub fn keep(config: &MountConfig, readiness: &mut Readiness) -> Result<i32> {
     let mount_error = |source: std::io::Error| Error::Mount {
         path: config.mountpoint.clone(),
         source,
@@ -217,6 +271,9 @@ pub fn keep(
         )))
     })?;
     let state = State::create().map_err(mount_error)?;
+    // The path, not the open binary: an upgrade replaces the file there.
+    let exe = std::env::current_exe().map_err(mount_error)?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     // Blocked here, they wait in the signalfd; a forked daemon unblocks them for itself.
     let mut stop = SigSet::empty();
     for signal in [
@@ -240,6 +297,7 @@ pub fn keep(
     let keeper = std::process::id();
     let mut crashes: VecDeque<Instant> = VecDeque::new();
     let mut restarts = 0u32;
+    let mut stopped_ns = 0;
     let mut first = Some(readiness);
     loop {
         let kept = || -> std::io::Result<Kept> {
@@ -248,11 +306,11 @@ pub fn keep(
                 state: state.try_clone()?,
                 restarts,
                 keeper,
+                stopped_ns,
             })
         };
         let kept = kept().map_err(mount_error)?;
-        let (word, daemon) =
-            start(config, kept, &old_mask, first.as_deref_mut(), serve).map_err(mount_error)?;
+        let (word, daemon) = start(&exe, &args, kept, &old_mask).map_err(mount_error)?;
         // A daemon says `ok` once it serves.
         let word = read_word(word);
         let served = word.as_deref() == Some("ok");
@@ -269,8 +327,17 @@ pub fn keep(
                 return Ok(1);
             }
         }
-        match wait_for(daemon, &mut signals) {
+        let ended = wait_for(daemon, &mut signals);
+        stopped_ns = realtime_ns();
+        match ended {
             Ended::Done(code) => return Ok(code),
+            Ended::HandedOver => {
+                info!(
+                    restarts = restarts + 1,
+                    "the daemon handed over; starting the binary on disk"
+                );
+                restarts += 1;
+            }
             Ended::Crashed(how) => {
                 // Only daemons that die before they serve make a crash loop: one killed
                 // while serving (by the OOM killer, an operator, a bug a request hit) is
@@ -317,43 +384,50 @@ fn backoff(n: usize) -> Duration {
     }
 }
 
-/// Forks a daemon serving `kept`; returns the read end of its readiness pipe and its pid.
+/// Starts a daemon serving `kept`: `exe` run with `args`, told through [`KEPT_ENV`] where
+/// its descriptors are. Returns the read end of its readiness pipe and its pid.
 fn start(
-    config: &MountConfig,
+    exe: &Path,
+    args: &[std::ffi::OsString],
     kept: Kept,
     old_mask: &SigSet,
-    waiting: Option<&mut Readiness>,
-    serve: fn(&MountConfig, Kept, &mut Readiness) -> Result<()>,
 ) -> std::io::Result<(OwnedFd, Pid)> {
+    use std::os::unix::process::CommandExt;
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    // SAFETY: the keeper has started no thread (see the module docs).
-    match unsafe { fork() }? {
-        ForkResult::Parent { child } => {
-            drop(write);
-            drop(kept);
-            Ok((read, child))
-        }
-        ForkResult::Child => {
-            drop(read);
-            // Whoever waits for the mount hears the keeper, and must see its pipe close
-            // when the keeper lets go of it, whatever the daemon holds.
-            if let Some(waiting) = waiting {
-                waiting.let_go();
-            }
-            let _ = old_mask.thread_set_mask();
-            let mut readiness = Readiness::to_keeper(File::from(write));
-            let code = match serve(config, kept, &mut readiness) {
-                Ok(()) => 0,
-                Err(e) => {
-                    if !readiness.failed(&e.to_string()) {
-                        error!(error = %e, "the daemon stopped");
-                    }
-                    1
+    let fds = [
+        kept.device.as_raw_fd(),
+        kept.state.file.as_raw_fd(),
+        write.as_raw_fd(),
+    ];
+    let env = format!(
+        "device={},state={},ready={},restarts={},keeper={},stopped={}",
+        fds[0], fds[1], fds[2], kept.restarts, kept.keeper, kept.stopped_ns
+    );
+    let mask = *old_mask;
+    let mut command = std::process::Command::new(exe);
+    command.args(args).env(KEPT_ENV, env);
+    // SAFETY: between fork and exec only async-signal-safe calls: fcntl, pthread_sigmask.
+    unsafe {
+        command.pre_exec(move || {
+            for fd in fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
-            };
-            std::process::exit(code);
-        }
+            }
+            mask.thread_set_mask().map_err(std::io::Error::from)
+        });
     }
+    let child = command.spawn()?;
+    drop(write);
+    drop(kept);
+    Ok((read, Pid::from_raw(child.id() as i32)))
+}
+
+/// The time now as `CLOCK_REALTIME` counts it, in ns: comparable across processes.
+pub fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The daemon's one line: `ok`, or why it failed; `None` if it died without a word.
@@ -369,6 +443,7 @@ fn wait_for(daemon: Pid, signals: &mut SignalFd) -> Ended {
     loop {
         match waitpid(daemon, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(_, 0)) => return Ended::Done(0),
+            Ok(WaitStatus::Exited(_, HAND_OVER)) => return Ended::HandedOver,
             Ok(WaitStatus::Exited(_, code)) => {
                 return Ended::Crashed(format!("exited with {code}"))
             }

@@ -19,6 +19,9 @@ use crate::error::{Error, Result};
 /// Mounts `config` and serves it until it is unmounted. In the detaching parent this does
 /// not return: the process exits with 0 or `failure_code`.
 pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
+    if let Some(kept) = crate::keeper::Kept::inherited() {
+        return serve_kept(config, kept);
+    }
     crate::fs::kernel_mount::reclaim_dead(&config.mountpoint)?;
     config.validate()?;
     // Taken before detaching, so a refusal is a startup error like the others; the daemon
@@ -34,7 +37,7 @@ pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
     if config.keeper {
         // The keeper tells whoever waits, and says why a start failed; a daemon it started
         // logs its own errors.
-        return match crate::keeper::keep(&config, &mut readiness, crate::mount::serve_kept) {
+        return match crate::keeper::keep(&config, &mut readiness) {
             Ok(0) => Ok(()),
             Ok(_) => std::process::exit(failure_code),
             Err(e) if config.foreground => Err(e),
@@ -58,6 +61,31 @@ pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
         readiness.failed(&e.to_string());
         tracing::error!(target: crate::logging::STARTUP_FAILURE, error = %e, "mount failed");
         std::process::exit(failure_code);
+    }
+    result
+}
+
+/// A daemon a keeper started (see `keeper`): the keeper made the mount and holds the lock
+/// on local; this process serves until the mount ends or it hands over. Its word on whether
+/// it serves goes to the keeper, which says why a first start failed.
+fn serve_kept(
+    mut config: MountConfig,
+    kept: std::io::Result<(crate::keeper::Kept, std::fs::File)>,
+) -> Result<()> {
+    let (kept, ready) = kept.map_err(|source| Error::Mount {
+        path: config.mountpoint.clone(),
+        source,
+    })?;
+    let mut readiness = Readiness::to_keeper(ready);
+    let result = config.validate_kept().and_then(|()| {
+        crate::logging::init(&config);
+        crate::mount::serve_kept(&config, kept, &mut readiness)
+    });
+    if let Err(e) = &result {
+        if !readiness.failed(&e.to_string()) {
+            tracing::error!(error = %e, "the daemon stopped");
+        }
+        std::process::exit(1);
     }
     result
 }

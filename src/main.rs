@@ -28,6 +28,11 @@ fn main() -> ExitCode {
         .map(drop)
         .map_err(anyhow::Error::from),
         Command::Quota(args) => quota(args.command),
+        Command::Upgrade(args) => {
+            layerfs::control::upgrade(&args.mountpoint, std::time::Duration::from_secs(args.wait))
+                .map_err(anyhow::Error::from)
+                .and_then(print)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -164,10 +164,12 @@ fn serve_on(
     let notices = fs.notices();
     let ring_negotiated = fs.ring_negotiated();
     let restarts = kept.as_ref().map(|k| k.kept.restarts);
-    let keeper = kept.as_ref().map(|k| KeeperInfo {
+    let mut keeper = kept.as_ref().map(|k| KeeperInfo {
         pid: k.kept.keeper,
         restarts: k.kept.restarts,
+        gap_ms: None,
     });
+    let stopped_ns = kept.as_ref().map_or(0, |k| k.kept.stopped_ns);
 
     let (session, mut unmounter, device) = match kept {
         Some(kept) => resume_session(fs, config, kept),
@@ -194,6 +196,11 @@ fn serve_on(
         path: config.mountpoint.clone(),
         source,
     })?;
+    if let Some(keeper) = keeper.as_mut().filter(|_| stopped_ns > 0) {
+        let gap = crate::keeper::realtime_ns().saturating_sub(stopped_ns) as f64 / 1e6;
+        keeper.gap_ms = Some(gap);
+        info!(gap_ms = gap, "serving again after the last daemon stopped");
+    }
     let control = Arc::new(Control {
         refresh: handle.clone(),
         view: view.clone(),
@@ -396,6 +403,21 @@ impl MountControl for Control {
     }
     fn refresh(&self) -> RoundReport {
         self.refresh.refresh()
+    }
+    fn hand_over(&self) -> std::result::Result<u32, String> {
+        if self.keeper.is_none() {
+            return Err(
+                "this mount has no keeper to hand over to (mount it with -o keeper)".into(),
+            );
+        }
+        info!("handing the mount over to the binary on disk");
+        // After the answer has gone out: what this daemon had read and not answered by then
+        // is sent again to the next one (see `fs::resent`).
+        std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::process::exit(crate::keeper::HAND_OVER);
+        });
+        Ok(std::process::id())
     }
     fn refresh_accepting_empty(&self) -> RoundReport {
         self.refresh.accept_empty()

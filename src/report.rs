@@ -111,12 +111,16 @@ pub struct Status {
 }
 
 /// The keeper of a mount, as `status` shows it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct KeeperInfo {
     pub pid: u32,
-    /// How many daemons died and were started again on the same connection.
+    /// How many daemons died or handed over, and were followed by another on the same
+    /// connection.
     pub restarts: u32,
+    /// How long callers waited between the last daemon stopping and this one serving.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gap_ms: Option<f64>,
 }
 
 /// A layer as `layerfs layers` lists it.

@@ -3,8 +3,9 @@
 //! work directories in the view), `fio --verify` writing inside it, a process changing
 //! names inside it, and a reader of a file of the shared layer. The daemon is found through
 //! `layerfs status --json` and killed with SIGKILL again and again at random moments; the
-//! keeper starts another on the same connection each time. Every workload must finish with
-//! its data verified and see no error at all; the longest stall is reported.
+//! keeper starts another on the same connection each time; then `layerfs upgrade` hands the
+//! mount over to the binary on disk. Every workload must finish with its data verified and
+//! see no error at all; the longest stall is reported.
 
 mod common;
 
@@ -175,7 +176,7 @@ fn fio_present() -> bool {
 }
 
 #[test]
-fn workloads_in_an_overlay_on_the_view_outlive_a_daemon_killed_ten_times() {
+fn workloads_in_an_overlay_on_the_view_outlive_ten_kills_and_an_upgrade() {
     if !fio_present() {
         missing_capability("fio", "the restart test writes with fio --verify");
         return;
@@ -242,6 +243,21 @@ fn workloads_in_an_overlay_on_the_view_outlive_a_daemon_killed_ten_times() {
         back_in.push(killed.elapsed());
         pid = daemon_pid(&m).unwrap();
     }
+    // Then a planned hand-over to the binary on disk, under the same load.
+    std::thread::sleep(Duration::from_millis(300));
+    let upgraded = cli(&["upgrade"], &m.mnt);
+    assert!(
+        upgraded.status.success(),
+        "upgrade: {}",
+        String::from_utf8_lossy(&upgraded.stderr)
+    );
+    eprint!("{}", String::from_utf8_lossy(&upgraded.stdout));
+    let after = status(&m);
+    assert_ne!(daemon_pid(&m), Some(pid), "another daemon serves");
+    let gap = after["keeper"]["gap_ms"]
+        .as_f64()
+        .expect("the gap is reported");
+    assert!(gap < 1000.0, "callers waited {gap} ms for the hand-over");
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
 
@@ -262,7 +278,7 @@ fn workloads_in_an_overlay_on_the_view_outlive_a_daemon_killed_ten_times() {
     );
     let now = status(&m);
     assert_eq!(now["keeper"]["pid"].as_u64(), Some(u64::from(keeper)));
-    assert_eq!(now["keeper"]["restarts"].as_u64(), Some(KILLS as u64));
+    assert_eq!(now["keeper"]["restarts"].as_u64(), Some(KILLS as u64 + 1));
     assert!(errors.is_empty(), "workloads saw errors: {errors:#?}");
 
     // The overlay's changes are in the view's local tree, whole.

@@ -116,34 +116,8 @@ impl MountConfig {
     /// Checks everything that can be checked before mounting, so that a bad configuration
     /// fails with one clear line and nothing half-started.
     pub fn validate(&mut self) -> Result<()> {
-        if self.remote.as_os_str().is_empty() {
-            return Err(bad("remote", "no remote directory given"));
-        }
-        if self.local.as_os_str().is_empty() {
-            return Err(bad("local", "no local directory given"));
-        }
-        self.remote = existing_dir("remote directory", &self.remote)?;
-        self.local = existing_dir("local directory", &self.local)?;
         self.mountpoint = existing_dir("mountpoint", &self.mountpoint)?;
-        for (what, dir) in [
-            ("local directory", &self.local),
-            ("remote directory", &self.remote),
-        ] {
-            if dir.starts_with(&self.mountpoint) || self.mountpoint.starts_with(dir) {
-                return Err(Error::BadPath {
-                    what,
-                    path: dir.clone(),
-                    reason: format!("overlaps the mountpoint {}", self.mountpoint.display()),
-                });
-            }
-        }
-        if self.local.starts_with(&self.remote) || self.remote.starts_with(&self.local) {
-            return Err(Error::BadPath {
-                what: "local directory",
-                path: self.local.clone(),
-                reason: format!("overlaps the remote directory {}", self.remote.display()),
-            });
-        }
+        self.validate_paths()?;
         if is_mountpoint(&self.mountpoint) {
             return Err(Error::Busy(self.mountpoint.clone()));
         }
@@ -167,6 +141,58 @@ impl MountConfig {
                 return Err(Error::Denied(self.mountpoint.clone()));
             }
             return Err(Error::NoFuse(e.to_string()));
+        }
+        Ok(())
+    }
+
+    /// [`MountConfig::validate`] for a daemon a keeper started on a mount it made: the
+    /// mountpoint is busy with that mount, and the device open.
+    pub fn validate_kept(&mut self) -> Result<()> {
+        // Resolved without a look at the mountpoint itself: that asks the mount, which only
+        // this process will serve.
+        self.mountpoint = match (self.mountpoint.parent(), self.mountpoint.file_name()) {
+            (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => {
+                existing_dir("mountpoint's directory", parent)?.join(name)
+            }
+            (_, Some(name)) => existing_dir("mountpoint's directory", Path::new("."))?.join(name),
+            _ => existing_dir("mountpoint", &self.mountpoint)?,
+        };
+        self.validate_paths()?;
+        if let Some(root) = &self.expose_into {
+            self.expose_into = Some(self.check_expose_into(root)?);
+        }
+        Ok(())
+    }
+
+    /// The two trees given, existing, and apart from each other and from the (resolved)
+    /// mountpoint.
+    fn validate_paths(&mut self) -> Result<()> {
+        if self.remote.as_os_str().is_empty() {
+            return Err(bad("remote", "no remote directory given"));
+        }
+        if self.local.as_os_str().is_empty() {
+            return Err(bad("local", "no local directory given"));
+        }
+        self.remote = existing_dir("remote directory", &self.remote)?;
+        self.local = existing_dir("local directory", &self.local)?;
+        for (what, dir) in [
+            ("local directory", &self.local),
+            ("remote directory", &self.remote),
+        ] {
+            if dir.starts_with(&self.mountpoint) || self.mountpoint.starts_with(dir) {
+                return Err(Error::BadPath {
+                    what,
+                    path: dir.clone(),
+                    reason: format!("overlaps the mountpoint {}", self.mountpoint.display()),
+                });
+            }
+        }
+        if self.local.starts_with(&self.remote) || self.remote.starts_with(&self.local) {
+            return Err(Error::BadPath {
+                what: "local directory",
+                path: self.local.clone(),
+                reason: format!("overlaps the remote directory {}", self.remote.display()),
+            });
         }
         Ok(())
     }

@@ -54,6 +54,9 @@ pub enum ClientError {
     },
     #[error("the refresh round could not scan the remote: {0}")]
     RoundFailed(String),
+    /// The old daemon stopped for an upgrade and no new one answered in time.
+    #[error("{0}")]
+    NoSuccessor(String),
 }
 
 /// A running mount's control socket.
@@ -155,6 +158,12 @@ impl Client {
     }
 
     /// Applies mount `options` to the running mount (`mount -o remount,…`).
+    /// Hands the mount over to the binary now on disk; the answer is the pid of the daemon
+    /// that stops.
+    pub fn hand_over(&self) -> Result<u32, ClientError> {
+        self.call(Request::new(Op::Upgrade))
+    }
+
     pub fn reconfigure(&self, options: &[String]) -> Result<Reconfigured, ClientError> {
         self.call(Request {
             options: options.to_vec(),

@@ -88,11 +88,45 @@ pub fn command(mountpoint: &Path, op: Op, json: bool) -> Result<Reply, ClientErr
         Op::Images => shown(&client.images()?, json, |i| render::images(i)),
         Op::QuotaList => shown(&client.quota_list()?, json, |q| render::quotas(q)),
         Op::Refresh => return refreshed(&client, false, json),
-        Op::QuotaSet | Op::QuotaGet | Op::QuotaClear | Op::Reconfigure => {
-            unreachable!("{op:?} needs more than a mountpoint; see quota, quota_set, reconfigure")
+        Op::QuotaSet | Op::QuotaGet | Op::QuotaClear | Op::Reconfigure | Op::Upgrade => {
+            unreachable!(
+                "{op:?} needs more than a mountpoint; see quota, quota_set, reconfigure, upgrade"
+            )
         }
     };
     Ok(Reply::text(text))
+}
+
+/// `layerfs upgrade`: hands the mount over to the binary now on disk and waits, up to
+/// `wait`, for the new daemon to serve; says which daemon took over and how long callers
+/// waited.
+pub fn upgrade(mountpoint: &Path, wait: std::time::Duration) -> Result<Reply, ClientError> {
+    let client = Client::new(mountpoint);
+    let old = client.hand_over()?;
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        match client.status() {
+            Ok(status) if status.daemon_pid != old => {
+                let gap = status
+                    .keeper
+                    .and_then(|k| k.gap_ms)
+                    .map(|ms| format!("; callers waited {ms:.0} ms"))
+                    .unwrap_or_default();
+                return Ok(Reply::text(format!(
+                    "daemon {old} handed over to {}{gap}\n",
+                    status.daemon_pid
+                )));
+            }
+            _ if std::time::Instant::now() >= deadline => {
+                return Err(ClientError::NoSuccessor(format!(
+                    "daemon {old} handed over, but no new daemon answered within {}s; see the mount's log",
+                    wait.as_secs()
+                )));
+            }
+            _ => {}
+        }
+    }
 }
 
 /// `layerfs refresh`: runs a round, taking an empty remote as the truth with `accept_empty`.

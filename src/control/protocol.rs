@@ -48,6 +48,12 @@ pub trait MountControl: Send + Sync {
     fn quota(&self, _request: QuotaRequest) -> Result<QuotaAnswer, String> {
         Err("this mount does not serve quotas".into())
     }
+    /// Hands the mount over to the binary now on disk (`layerfs upgrade`): the daemon stops
+    /// once it has answered, and its keeper starts the new one. The answer is this daemon's
+    /// pid.
+    fn hand_over(&self) -> Result<u32, String> {
+        Err("this mount has no keeper to hand over to (mount it with -o keeper)".into())
+    }
 }
 
 /// What a client can ask.
@@ -68,6 +74,8 @@ pub enum Op {
     QuotaClear,
     /// Change options of the running mount (`mount -o remount,…`).
     Reconfigure,
+    /// Hand the mount over to the binary now on disk.
+    Upgrade,
 }
 
 impl Op {
@@ -81,6 +89,7 @@ impl Op {
             Op::QuotaSet | Op::QuotaGet | Op::QuotaClear => "quota",
             Op::QuotaList => "quotas",
             Op::Reconfigure => "reconfigured",
+            Op::Upgrade => "handed_over_by",
         }
     }
 }
@@ -181,6 +190,9 @@ pub fn answer_with(
         Ok(request) if !admin && request.op == Op::Reconfigure => {
             error("permission denied: changing mount options needs CAP_SYS_ADMIN")
         }
+        Ok(request) if !admin && request.op == Op::Upgrade => {
+            error("permission denied: upgrading a mount's daemon needs CAP_SYS_ADMIN")
+        }
         Ok(request) => {
             let op = request.op;
             // A bug in the engine must cost this answer, not the connection thread.
@@ -219,6 +231,7 @@ fn payload(
             Some(live) => serde_json::to_value(live.reconfigure(&request.options)?),
             None => return Err("this mount cannot change options while mounted".into()),
         },
+        Op::Upgrade => serde_json::to_value(handle.hand_over()?),
     };
     encoded.map_err(|e| format!("encoding the answer: {e}"))
 }

@@ -507,6 +507,7 @@ mod tests {
             keeper: Some(crate::report::KeeperInfo {
                 pid: 7,
                 restarts: 2,
+                gap_ms: None,
             }),
             ..status_view()
         };
