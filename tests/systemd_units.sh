@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the systemd units in deploy/systemd with `systemd-analyze verify`, their
-# ExecStart= pointed at this tree's binaries (verify requires every command to exist).
+# Exec*= commands pointed at this tree's binaries (verify requires every command to exist).
 # Any complaint fails the check, not only errors: systemd merely warns about a key it does
 # not know, and then ignores the setting.
 #   tests/systemd_units.sh            # debug build; PROFILE=release for the release one
@@ -26,7 +26,7 @@ for unit in deploy/systemd/*.service; do
         echo "$unit: ExecStart= does not run a binary from /usr/local/bin" >&2
         exit 1
     }
-    sed "s|^ExecStart=/usr/local/bin/|ExecStart=$bin/|" "$unit" >"$units/$(basename "$unit")"
+    sed -E "s|^(Exec[A-Za-z]+)=/usr/local/bin/|\1=$bin/|" "$unit" >"$units/$(basename "$unit")"
 done
 
 # verify exits 0 on warnings, so its output is the verdict.
