@@ -17,10 +17,12 @@
 //! [`CRASH_WINDOW`] none is started again: the keeper aborts the connection, so that
 //! callers get an error instead of waiting forever, and detaches the mount.
 //!
-//! The keeper forks before it starts any thread, and only ever waits on one descriptor
-//! (a `signalfd` for the child's end and the signals that stop the mount), so a fork from
-//! it is always safe. Termination signals are passed on to the daemon, which unmounts; the
-//! keeper ends when the daemon ends with the mount.
+//! The keeper starts no thread, and only ever waits on one descriptor (a `signalfd` for the
+//! child's end and the signals it passes on), so starting a daemon from it is always safe.
+//! Termination signals are passed on to the daemon, which unmounts, and so is `SIGUSR1`
+//! (a refresh round); the keeper ends when the daemon ends with the mount. A daemon dies
+//! with its keeper (`PR_SET_PDEATHSIG`): a keeper killed leaves a dead mount, as a daemon
+//! without one does, which the next mount at that path takes back.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -281,6 +283,7 @@ pub fn keep(config: &MountConfig, readiness: &mut Readiness) -> Result<i32> {
         Signal::SIGTERM,
         Signal::SIGINT,
         Signal::SIGHUP,
+        Signal::SIGUSR1,
     ] {
         stop.add(signal);
     }
@@ -404,15 +407,23 @@ fn start(
         fds[0], fds[1], fds[2], kept.restarts, kept.keeper, kept.stopped_ns
     );
     let mask = *old_mask;
+    let keeper = kept.keeper as libc::pid_t;
     let mut command = std::process::Command::new(exe);
     command.args(args).env(KEPT_ENV, env);
-    // SAFETY: between fork and exec only async-signal-safe calls: fcntl, pthread_sigmask.
+    // SAFETY: between fork and exec only async-signal-safe calls: fcntl, prctl, getppid,
+    // pthread_sigmask.
     unsafe {
         command.pre_exec(move || {
             for fd in fds {
                 if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            // The daemon goes with its keeper: a keeper killed takes the mount down as a
+            // daemon without one does, rather than leave it served by nobody's child.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != keeper
+            {
+                return Err(std::io::Error::other("the keeper is gone"));
             }
             mask.thread_set_mask().map_err(std::io::Error::from)
         });
@@ -456,8 +467,11 @@ fn wait_for(daemon: Pid, signals: &mut SignalFd) -> Ended {
         match signals.read_signal() {
             Ok(Some(info)) => {
                 let signal = Signal::try_from(info.ssi_signo as i32).ok();
-                if let Some(signal @ (Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP)) = signal {
-                    info!(%signal, "passing the signal on to the daemon");
+                if let Some(
+                    signal @ (Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP | Signal::SIGUSR1),
+                ) = signal
+                {
+                    tracing::debug!(%signal, "passing the signal on to the daemon");
                     let _ = kill(daemon, signal);
                 }
             }

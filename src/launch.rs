@@ -34,7 +34,7 @@ pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
         daemon::detach(failure_code).map_err(Error::Detach)?
     };
     crate::logging::init(&config);
-    if config.keeper {
+    if config.kept() {
         // The keeper tells whoever waits, and says why a start failed; a daemon it started
         // logs its own errors.
         return match crate::keeper::keep(&config, &mut readiness) {

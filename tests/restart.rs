@@ -294,3 +294,68 @@ fn workloads_in_an_overlay_on_the_view_outlive_ten_kills_and_an_upgrade() {
     m.unmount();
     assert!(!is_mounted(&m.mnt), "the view unmounts cleanly");
 }
+
+/// A mount made in the background by root has a keeper without being asked: the daemon
+/// `status` names can be killed and the mount serves on.
+#[test]
+fn a_detached_mount_is_kept_by_default() {
+    let mut m = Mount::with(
+        Options {
+            foreground: false,
+            ..Options::default()
+        },
+        |_| {},
+    );
+    fs::write(m.path("overlay/kept"), b"before").unwrap();
+    let first = status(&m);
+    let daemon = first["daemon_pid"]
+        .as_u64()
+        .expect("status names the daemon") as i32;
+    assert!(first["keeper"]["pid"].as_u64().is_some(), "{first}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert_eq!(fs::read(m.path("overlay/kept")).unwrap(), b"before");
+    eventually(20, "a new daemon", || {
+        daemon_pid(&m).is_some_and(|p| p != daemon as u32)
+    });
+    assert_eq!(status(&m)["keeper"]["restarts"].as_u64(), Some(1));
+    m.unmount();
+}
+
+/// A keeper killed takes its daemon with it: the mount is left dead, as a daemon without a
+/// keeper leaves it, for the next mount there to take back.
+#[test]
+fn a_killed_keeper_leaves_a_dead_mount() {
+    let mut m = Mount::with(
+        Options {
+            foreground: false,
+            ..Options::default()
+        },
+        |_| {},
+    );
+    let now = status(&m);
+    let (keeper, daemon) = (
+        now["keeper"]["pid"].as_u64().expect("a keeper") as u32,
+        now["daemon_pid"].as_u64().unwrap() as u32,
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(keeper as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually(20, "the daemon to follow its keeper", || exited(daemon));
+    eventually(20, "the mount to be dead", || {
+        fs::metadata(&m.mnt).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN)
+    });
+    m.mount(&Options {
+        foreground: false,
+        ..Options::default()
+    });
+    assert_eq!(
+        names(&m.mnt),
+        vec!["overlay", "overlay-images", "overlay-layers"]
+    );
+}

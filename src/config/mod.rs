@@ -35,8 +35,9 @@ pub struct MountConfig {
     pub passthrough: bool,
     /// Take requests through FUSE over io_uring when the kernel offers it.
     pub io_uring: bool,
-    /// A keeper holds the connection and restarts a daemon that dies (DESIGN §13).
-    pub keeper: bool,
+    /// A keeper holds the connection and restarts a daemon that dies (DESIGN §13); `None`:
+    /// as [`MountConfig::kept`] decides.
+    pub keeper: Option<bool>,
     pub entry_timeout: Duration,
     pub attr_timeout: Duration,
     pub log_file: Option<PathBuf>,
@@ -82,7 +83,7 @@ impl Default for MountConfig {
             remote_threads: 32,
             passthrough: true,
             io_uring: false,
-            keeper: false,
+            keeper: None,
             entry_timeout: Duration::from_secs(3600),
             attr_timeout: Duration::from_secs(3600),
             log_file: None,
@@ -125,7 +126,7 @@ impl MountConfig {
             self.expose_into = Some(self.check_expose_into(root)?);
         }
         // The keeper mounts with mount(2) itself, to hold the device it mounted.
-        if self.keeper && !nix::unistd::geteuid().is_root() {
+        if self.keeper == Some(true) && !nix::unistd::geteuid().is_root() {
             return Err(bad(
                 "keeper",
                 "needs root (the keeper makes the mount itself)",
@@ -199,6 +200,15 @@ impl MountConfig {
 }
 
 impl MountConfig {
+    /// Whether a keeper holds the mount (DESIGN §13): as asked, else for a detached mount
+    /// by root that does not ask for io_uring (whose rings die with the daemon). A mount in
+    /// the foreground is a supervisor's child (systemd, a test), which asks for one itself.
+    pub fn kept(&self) -> bool {
+        self.keeper.unwrap_or_else(|| {
+            !self.foreground && !self.io_uring && nix::unistd::geteuid().is_root()
+        })
+    }
+
     /// The source `/proc/mounts` shows.
     pub fn fsname(&self) -> String {
         self.fsname

@@ -297,11 +297,11 @@ pub const OPTIONS: &[MountOption] = &[
         meaning: "a keeper process holds the FUSE connection and restarts a daemon that \
                   dies, so the mount and the containers on it outlive it (root only; \
                   requests go through /dev/fuse)",
-        default: "nokeeper",
+        default: "keeper when root mounts in the background without io_uring",
         keys: &["keeper", "nokeeper"],
         takes_value: false,
         apply: |c, g| {
-            c.keeper = g.key == "keeper";
+            c.keeper = Some(g.key == "keeper");
             Ok(())
         },
     },
