@@ -169,51 +169,69 @@ fn runtime_mount() -> Mount {
 
 // ---- podman ----
 
+/// podman with its storage (root) on the view and its run root and temporary files beside
+/// it, and a busybox image imported as `localhost/busybox:base`.
+struct Podman {
+    base: Vec<String>,
+}
+
+impl Podman {
+    fn on(m: &Mount, driver: &str) -> Podman {
+        need("podman", "podman");
+        need("runc", "runc");
+        let root = m.mnt.join(format!("podman-{driver}"));
+        let runroot = m.dir.path().join("podman-run");
+        let work = m.dir.path().join("work");
+        fs::create_dir_all(work.join("rootfs")).unwrap();
+        busybox_rootfs(&work.join("rootfs"));
+        tar_of(&work.join("rootfs"), &work.join("rootfs.tar"));
+        let base = [
+            "--root",
+            s(&root),
+            "--runroot",
+            s(&runroot),
+            "--storage-driver",
+            driver,
+            "--cgroup-manager",
+            "cgroupfs",
+            "--events-backend",
+            "file",
+            "--tmpdir",
+            s(&work),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let podman = Podman { base };
+        podman.run(&[
+            "import",
+            s(&work.join("rootfs.tar")),
+            "localhost/busybox:base",
+        ]);
+        podman
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let all: Vec<&str> = self
+            .base
+            .iter()
+            .map(String::as_str)
+            .chain(args.iter().copied())
+            .collect();
+        run("podman", &all)
+    }
+}
+
 fn podman(driver: &str) {
-    need("podman", "podman");
-    need("runc", "runc");
     let started = Instant::now();
     let m = runtime_mount();
     let mut below = MountsBelow {
         dir: m.dir.path().to_owned(),
         keep: vec![m.mnt.clone()],
     };
-    let root = m.mnt.join(format!("podman-{driver}"));
-    let runroot = m.dir.path().join("podman-run");
-    let work = m.dir.path().join("work");
-    fs::create_dir_all(work.join("rootfs")).unwrap();
-    busybox_rootfs(&work.join("rootfs"));
-    tar_of(&work.join("rootfs"), &work.join("rootfs.tar"));
-    let base = [
-        "--root",
-        s(&root),
-        "--runroot",
-        s(&runroot),
-        "--storage-driver",
-        driver,
-        "--cgroup-manager",
-        "cgroupfs",
-        "--events-backend",
-        "file",
-        "--tmpdir",
-        s(&work),
-    ]
-    .map(str::to_owned);
-    let podman = |args: &[&str]| {
-        let all: Vec<&str> = base
-            .iter()
-            .map(String::as_str)
-            .chain(args.iter().copied())
-            .collect();
-        run("podman", &all)
-    };
+    let runtime = Podman::on(&m, driver);
+    let podman = |args: &[&str]| runtime.run(args);
     let limits = ulimit_args();
     let limits: Vec<&str> = limits.iter().map(String::as_str).collect();
-    podman(&[
-        "import",
-        s(&work.join("rootfs.tar")),
-        "localhost/busybox:base",
-    ]);
     let mut args = vec!["run", "--name", "changer", "--network", "none"];
     args.extend_from_slice(&limits);
     args.extend_from_slice(&["localhost/busybox:base", "sh", "-c", CHANGE]);
@@ -264,6 +282,79 @@ fn podman_vfs_on_the_view() {
 #[test]
 fn podman_overlay_on_the_view() {
     podman("overlay");
+}
+
+/// What the long-running container does: counts into a file of its own layer, reading a
+/// file of the image each time.
+const COUNT: &str = "i=0; while [ $i -lt 100000 ]; do cat /data/sub/file >/dev/null \
+    || exit 3; echo $i >> /count || exit 4; i=$((i+1)); sleep 0.01; done";
+
+/// A container running on a view under a keeper (DESIGN §13) outlives its daemon: killed
+/// three times while the container counts into its layer, the daemon is replaced each time,
+/// and the container goes on, its count unbroken.
+#[test]
+fn a_podman_container_outlives_its_daemon() {
+    let m = Mount::with(
+        Options {
+            opts: "suid,dev,keeper".into(),
+            ..Options::default()
+        },
+        |_| {},
+    );
+    let mut below = MountsBelow {
+        dir: m.dir.path().to_owned(),
+        keep: vec![m.mnt.clone()],
+    };
+    let podman = Podman::on(&m, "overlay");
+    let limits = ulimit_args();
+    let mut args = vec!["run", "-d", "--name", "counter", "--network", "none"];
+    args.extend(limits.iter().map(String::as_str));
+    args.extend_from_slice(&["localhost/busybox:base", "sh", "-c", COUNT]);
+    podman.run(&args);
+    let count = || -> Vec<u64> {
+        podman
+            .run(&["exec", "counter", "cat", "/count"])
+            .lines()
+            .map(|l| l.parse().expect("a number"))
+            .collect()
+    };
+    let status = || -> serde_json::Value {
+        let out = cli(&["status", "--json"], &m.mnt);
+        serde_json::from_slice(&out.stdout).expect("status --json")
+    };
+    for kill in 1..=3u64 {
+        std::thread::sleep(Duration::from_millis(700));
+        let daemon = status()["daemon_pid"].as_u64().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(daemon as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        eventually(20, "a new daemon", || {
+            let out = cli(&["status", "--json"], &m.mnt);
+            serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .is_ok_and(|s| s["daemon_pid"].as_u64().is_some_and(|p| p != daemon))
+        });
+        assert_eq!(status()["keeper"]["restarts"].as_u64(), Some(kill));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let counted = count();
+    assert!(
+        counted.len() > 50,
+        "the container counted to {}",
+        counted.len()
+    );
+    assert!(
+        counted.iter().enumerate().all(|(i, n)| *n == i as u64),
+        "the count broke: {counted:?}"
+    );
+    let state = podman.run(&["inspect", "-f", "{{.State.Status}}", "counter"]);
+    assert_eq!(state.trim(), "running", "the container stopped");
+    podman.run(&["rm", "-f", "-t", "0", "counter"]);
+    podman.run(&["rmi", "-a", "-f"]);
+    below.keep.clear();
+    below.keep.push(m.mnt.clone());
+    drop(below);
 }
 
 // ---- containerd ----
