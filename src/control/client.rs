@@ -157,13 +157,13 @@ impl Client {
         })
     }
 
-    /// Applies mount `options` to the running mount (`mount -o remount,…`).
     /// Hands the mount over to the binary now on disk; the answer is the pid of the daemon
     /// that stops.
     pub fn hand_over(&self) -> Result<u32, ClientError> {
         self.call(Request::new(Op::Upgrade))
     }
 
+    /// Applies mount `options` to the running mount (`mount -o remount,…`).
     pub fn reconfigure(&self, options: &[String]) -> Result<Reconfigured, ClientError> {
         self.call(Request {
             options: options.to_vec(),
@@ -172,7 +172,17 @@ impl Client {
     }
 
     fn call<T: DeserializeOwned>(&self, request: Request) -> Result<T, ClientError> {
-        let payload = ask_within(&self.mountpoint, &self.socket, &request, self.timeout)?;
+        let ask = || ask_within(&self.mountpoint, &self.socket, &request, self.timeout);
+        let payload = match ask() {
+            // Nobody listens while a keeper starts the next daemon (DESIGN §13): a look at
+            // the mount's root waits until it serves, and fails at once on a dead mount.
+            Err(ClientError::NotListening { .. })
+                if crate::fs::kernel_mount::ask_root(&self.mountpoint).is_ok() =>
+            {
+                ask()
+            }
+            asked => asked,
+        }?;
         serde_json::from_value(payload).map_err(|e| ClientError::BadAnswer {
             socket: self.socket.clone(),
             reason: e.to_string(),
