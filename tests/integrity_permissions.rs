@@ -275,50 +275,32 @@ fn xattr_without_caps(p: &Path, name: &str, value: Option<&[u8]>) -> i32 {
         inheritable: u32,
     }
     const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let (cp, cn) = (cpath(p), cname(name));
-    let mut header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
     let none = [CapData {
         effective: 0,
         permitted: 0,
         inheritable: 0,
     }; 2];
-    let mut now = none;
-    // Only async-signal-safe calls between fork and _exit.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork");
-    if pid == 0 {
+    common::sys::xattr_in_child(p, name, value, "uid 0 without capabilities", || {
+        let mut header = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let mut now = none;
         unsafe {
-            if libc::syscall(
+            libc::syscall(
                 libc::SYS_capset,
                 &mut header as *mut CapHeader,
                 none.as_ptr(),
-            ) != 0
-                || libc::syscall(
+            ) == 0
+                && libc::syscall(
                     libc::SYS_capget,
                     &mut header as *mut CapHeader,
                     now.as_mut_ptr(),
-                ) != 0
-                || now.iter().any(|d| d.effective != 0 || d.permitted != 0)
-                || libc::getuid() != 0
-            {
-                libc::_exit(255);
-            }
-            let r = match value {
-                Some(v) => libc::lsetxattr(cp.as_ptr(), cn.as_ptr(), v.as_ptr().cast(), v.len(), 0),
-                None => libc::lremovexattr(cp.as_ptr(), cn.as_ptr()),
-            };
-            libc::_exit(if r == 0 { 0 } else { *libc::__errno_location() });
+                ) == 0
+                && now.iter().all(|d| d.effective == 0 && d.permitted == 0)
+                && libc::getuid() == 0
         }
-    }
-    let mut status = 0;
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status));
-    let code = libc::WEXITSTATUS(status);
-    assert_ne!(code, 255, "could not drop the capabilities");
-    code
+    })
 }
 
 fn quota_limit(p: &Path) -> Option<String> {

@@ -11,7 +11,6 @@
 mod common;
 mod quota_kit;
 
-use std::ffi::CString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -287,31 +286,11 @@ fn nested_quota_roots_are_refused_by_xattr() {
 /// Runs `lsetxattr` (or `lremovexattr` when `value` is `None`) as uid/gid 65534 in a forked
 /// child; 0 or the errno.
 fn xattr_as_nobody(p: &Path, name: &str, value: Option<&[u8]>) -> i32 {
-    let (cp, cn) = (common::sys::cpath(p), CString::new(name).unwrap());
-    // Only async-signal-safe calls between fork and _exit.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork");
-    if pid == 0 {
-        unsafe {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(65534) != 0
-                || libc::setuid(65534) != 0
-            {
-                libc::_exit(255);
-            }
-            let r = match value {
-                Some(v) => libc::lsetxattr(cp.as_ptr(), cn.as_ptr(), v.as_ptr().cast(), v.len(), 0),
-                None => libc::lremovexattr(cp.as_ptr(), cn.as_ptr()),
-            };
-            libc::_exit(if r == 0 { 0 } else { *libc::__errno_location() });
-        }
-    }
-    let mut status = 0;
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status));
-    let code = libc::WEXITSTATUS(status);
-    assert_ne!(code, 255, "could not become nobody");
-    code
+    common::sys::xattr_in_child(p, name, value, "nobody", || unsafe {
+        libc::setgroups(0, std::ptr::null()) == 0
+            && libc::setgid(65534) == 0
+            && libc::setuid(65534) == 0
+    })
 }
 
 /// A quota is a limit the user it limits must not lift (DESIGN §11: the daemon never lets a

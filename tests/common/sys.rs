@@ -88,3 +88,37 @@ pub fn describe<T>(r: &std::io::Result<T>) -> String {
         },
     }
 }
+
+/// Runs `lsetxattr` (or `lremovexattr` when `value` is `None`) on `p` in a forked child once
+/// `turn_into` has made it someone else (only async-signal-safe calls; `false`: it could not,
+/// and the test fails saying `who`): 0, or the errno the call failed with.
+pub fn xattr_in_child(
+    p: &Path,
+    name: &str,
+    value: Option<&[u8]>,
+    who: &str,
+    turn_into: impl Fn() -> bool,
+) -> i32 {
+    let (cp, cn) = (cpath(p), CString::new(name).expect("a name without NUL"));
+    // Only async-signal-safe calls between fork and _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        unsafe {
+            if !turn_into() {
+                libc::_exit(255);
+            }
+            let r = match value {
+                Some(v) => libc::lsetxattr(cp.as_ptr(), cn.as_ptr(), v.as_ptr().cast(), v.len(), 0),
+                None => libc::lremovexattr(cp.as_ptr(), cn.as_ptr()),
+            };
+            libc::_exit(if r == 0 { 0 } else { *libc::__errno_location() });
+        }
+    }
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status));
+    let code = libc::WEXITSTATUS(status);
+    assert_ne!(code, 255, "could not become {who}");
+    code
+}
