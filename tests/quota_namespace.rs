@@ -231,7 +231,7 @@ fn rename_into_a_full_root_fails_and_moves_nothing() {
     let data = write_file(&out.join("f"), 2 * MIB as usize, 3);
     assert_errno(
         "rename of a 2 MiB file into a full root",
-        fs::rename(out.join("f"), c1.join("f")),
+        rename_once_closed(&out.join("f"), &c1.join("f")),
         libc::ENOSPC,
     );
     assert!(
@@ -350,21 +350,27 @@ fn renaming_a_directory_holding_a_root_into_another_root_fails_exdev() {
 // ---- Moves of open, linked and regrown files, and exchanges ------------------------------
 
 /// `rename(2)` that retries while it fails with `EXDEV` (a RELEASE that has not arrived
-/// yet), for up to 10 s.
-fn rename_when_closed(from: &Path, to: &Path) {
+/// yet), for up to 10 s: its outcome once the daemon has seen the file's last close.
+fn rename_once_closed(from: &Path, to: &Path) -> std::io::Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match fs::rename(from, to) {
-            Ok(()) => return,
             Err(e) if errno(&e) == libc::EXDEV && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(50))
             }
-            Err(e) => panic!(
-                "rename {} -> {} after the last close: {e}",
-                from.display(),
-                to.display()
-            ),
+            done => return done,
         }
+    }
+}
+
+/// [`rename_once_closed`], which must succeed.
+fn rename_when_closed(from: &Path, to: &Path) {
+    if let Err(e) = rename_once_closed(from, to) {
+        panic!(
+            "rename {} -> {} after the last close: {e}",
+            from.display(),
+            to.display()
+        );
     }
 }
 
@@ -550,7 +556,7 @@ fn a_file_moved_out_grown_and_moved_back_is_counted_once() {
             .unwrap();
         g.write_all(&pattern(3 * MIB as usize, 6)).unwrap();
     }
-    fs::rename(out.join("f"), q.join("f")).unwrap();
+    rename_when_closed(&out.join("f"), &q.join("f"));
     {
         let mut g = fs::OpenOptions::new()
             .append(true)
