@@ -276,7 +276,7 @@ pub fn keep(config: &MountConfig, readiness: &mut Readiness) -> Result<i32> {
     // The path, not the open binary: an upgrade replaces the file there.
     let exe = std::env::current_exe().map_err(mount_error)?;
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    // Blocked here, they wait in the signalfd; a forked daemon unblocks them for itself.
+    // Blocked here, they wait in the signalfd; a daemon it starts unblocks them for itself.
     let mut stop = SigSet::empty();
     for signal in [
         Signal::SIGCHLD,
@@ -298,7 +298,7 @@ pub fn keep(config: &MountConfig, readiness: &mut Readiness) -> Result<i32> {
     };
 
     let keeper = std::process::id();
-    let mut crashes: VecDeque<Instant> = VecDeque::new();
+    let mut crashes = Crashes::default();
     let mut restarts = 0u32;
     let mut stopped_ns = 0;
     let mut first = Some(readiness);
@@ -313,7 +313,22 @@ pub fn keep(config: &MountConfig, readiness: &mut Readiness) -> Result<i32> {
             })
         };
         let kept = kept().map_err(mount_error)?;
-        let (word, daemon) = start(&exe, &args, kept, &old_mask).map_err(mount_error)?;
+        let (word, daemon) = match start(&exe, &args, kept, &old_mask) {
+            Ok(started) => started,
+            Err(e) if first.is_none() => {
+                // The binary on disk cannot be run (an upgrade half installed): a daemon that
+                // died before serving, as far as the crash loop goes.
+                let how = format!("{} could not be started: {e}", exe.display());
+                if !crashes.died(false, &how, &config.mountpoint) {
+                    return Ok(1);
+                }
+                continue;
+            }
+            Err(e) => {
+                let _ = mount.unmount();
+                return Err(mount_error(e));
+            }
+        };
         // A daemon says `ok` once it serves.
         let word = read_word(word);
         let served = word.as_deref() == Some("ok");
@@ -342,40 +357,57 @@ pub fn keep(config: &MountConfig, readiness: &mut Readiness) -> Result<i32> {
                 restarts += 1;
             }
             Ended::Crashed(how) => {
-                // Only daemons that die before they serve make a crash loop: one killed
-                // while serving (by the OOM killer, an operator, a bug a request hit) is
-                // started again at once, however often.
-                let now = Instant::now();
-                if served {
-                    crashes.clear();
-                } else {
-                    crashes.push_back(now);
-                }
-                while crashes
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) > CRASH_WINDOW)
-                {
-                    crashes.pop_front();
-                }
-                if crashes.len() >= CRASHES {
-                    error!(daemon = how, crashes = crashes.len(),
-                        "the daemon keeps dying; aborting the connection so that callers get an error");
-                    abort_connection(&config.mountpoint);
-                    let _ =
-                        nix::mount::umount2(&config.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+                if !crashes.died(served, &how, &config.mountpoint) {
                     return Ok(1);
                 }
-                let backoff = backoff(crashes.len());
-                warn!(
-                    daemon = how,
-                    restarts = restarts + 1,
-                    backoff_ms = backoff.as_millis() as u64,
-                    "the daemon died; starting another on the same connection"
-                );
-                std::thread::sleep(backoff);
                 restarts += 1;
             }
         }
+    }
+}
+
+/// The deaths of daemons that died before they served, within [`CRASH_WINDOW`]: a crash
+/// loop. One killed while serving (by the OOM killer, an operator, a bug a request hit) is
+/// started again at once, however often.
+#[derive(Default)]
+struct Crashes(VecDeque<Instant>);
+
+impl Crashes {
+    /// Notes a daemon's death (`how`), waits as long as the next start should, and says
+    /// whether to start another. When not, the connection is aborted and the mount at
+    /// `mountpoint` detached: callers get an error instead of waiting for nobody.
+    fn died(&mut self, served: bool, how: &str, mountpoint: &Path) -> bool {
+        let now = Instant::now();
+        if served {
+            self.0.clear();
+        } else {
+            self.0.push_back(now);
+        }
+        while self
+            .0
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > CRASH_WINDOW)
+        {
+            self.0.pop_front();
+        }
+        if self.0.len() >= CRASHES {
+            error!(
+                daemon = how,
+                crashes = self.0.len(),
+                "the daemon keeps dying; aborting the connection so that callers get an error"
+            );
+            abort_connection(mountpoint);
+            let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+            return false;
+        }
+        let backoff = backoff(self.0.len());
+        warn!(
+            daemon = how,
+            backoff_ms = backoff.as_millis() as u64,
+            "the daemon died; starting another on the same connection"
+        );
+        std::thread::sleep(backoff);
+        true
     }
 }
 
@@ -515,5 +547,49 @@ fn abort_connection(mountpoint: &Path) {
         .and_then(|mut f| f.write_all(b"1"))
     {
         warn!(error = %e, path = %path.display(), "aborting the connection failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_after_deaths_before_serving_wait_longer_and_longer() {
+        let waits: Vec<Duration> = (0..10).map(backoff).collect();
+        assert_eq!(waits[0], Duration::ZERO);
+        assert_eq!(waits[1], Duration::ZERO);
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+        assert_eq!(waits[9], MAX_BACKOFF);
+    }
+
+    #[test]
+    fn what_a_keeper_did_not_set_is_refused_not_trusted() {
+        for spec in [
+            "",
+            "device=3",
+            "device=x,state=4,ready=5,restarts=0,keeper=1,stopped=0",
+            "device=999999,state=999998,ready=999997,restarts=0,keeper=1,stopped=0",
+        ] {
+            assert!(Kept::parse(spec).is_err(), "{spec:?}");
+        }
+    }
+
+    #[test]
+    fn a_cut_record_ends_the_log() {
+        let state = State::create().unwrap();
+        let (log, records) = state.log().unwrap();
+        assert!(records.is_empty());
+        log.append(b"first");
+        log.append(b"second");
+        // A third record the daemon died writing: its length and part of its bytes.
+        let end = *log.end.lock();
+        state
+            .file
+            .write_all_at(&[9, 0, 0, 0, 1, 2, 3, 4, b'x'], end)
+            .unwrap();
+        let (log, records) = state.log().unwrap();
+        assert_eq!(records, vec![b"first".to_vec(), b"second".to_vec()]);
+        assert_eq!(*log.end.lock(), end, "the cut record is written over");
     }
 }
