@@ -9,8 +9,10 @@
 //! 3. Log: to stderr in the foreground; detached, to `log_file`, else the journal when there
 //!    is one, else a default file (`logging`), and warnings to stderr until the daemon lets
 //!    go of the terminal. A startup error is printed once, by whoever is on the terminal.
-//! 4. Serve until unmounted, telling systemd (`Type=notify`) once the mount is live; with
-//!    `-o keeper`, through a keeper that restarts a daemon that dies (see `keeper`).
+//! 4. Serve until unmounted, telling systemd (`Type=notify`) once the mount is live; for a
+//!    kept mount (`MountConfig::kept`), through a keeper that starts the daemon and starts
+//!    another when one dies (see `keeper`). A daemon a keeper starts comes back here, finds
+//!    what it was handed in its environment, and only serves.
 
 use crate::config::MountConfig;
 use crate::daemon::{self, Readiness};
