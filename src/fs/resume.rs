@@ -255,7 +255,11 @@ impl Core {
     }
 
     /// The release of an orphan never opened again: its inode's count of opens goes down.
+    /// Only a daemon that resumed has orphans: any other releases without taking their lock.
     pub(super) fn release_orphan(&self, fh: u64) -> bool {
+        if !self.resumed.load(Ordering::Relaxed) {
+            return false;
+        }
         match self.orphans.lock().remove(&fh) {
             Some(orphan) => {
                 self.backing.release(orphan.ino);

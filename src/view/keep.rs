@@ -17,8 +17,22 @@
 //! A resumed daemon reads the facts back in order ([`super::inodes::InodeTable::restore`]):
 //! the last word on a key wins.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+/// The record kind of [`Fact::Placed`].
+const PLACED: u8 = 6;
+
+/// A record: its kind, its numbers, then its name.
+fn record(kind: u8, numbers: &[u64], name: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 8 * numbers.len() + name.len());
+    out.push(kind);
+    for n in numbers {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+    out.extend_from_slice(name);
+    out
+}
 
 /// Where facts go: appended whole, in the order they happened, and kept while the mount
 /// lives. Appending must not fail the request that made the fact; a journal that cannot
@@ -69,16 +83,15 @@ impl Fact {
                 number,
                 parent,
                 name,
-            } => (6, &[*number, *parent], Some(name)),
+            } => (PLACED, &[*number, *parent], Some(name)),
         };
-        let name = name.map_or(&[][..], |n| n.as_bytes());
-        let mut out = Vec::with_capacity(1 + 8 * numbers.len() + name.len());
-        out.push(kind);
-        for n in numbers {
-            out.extend_from_slice(&n.to_le_bytes());
-        }
-        out.extend_from_slice(name);
-        out
+        record(kind, numbers, name.map_or(&[][..], |n| n.as_bytes()))
+    }
+
+    /// The record of [`Fact::Placed`], made from a borrowed name: a lookup that places a
+    /// node journals it without copying the name twice.
+    pub fn placed_record(number: u64, parent: u64, name: &OsStr) -> Vec<u8> {
+        record(PLACED, &[number, parent], name.as_bytes())
     }
 
     /// A record back as a fact; `None` for one this daemon does not know or that is cut.

@@ -302,12 +302,11 @@ impl InodeTable {
     /// again by looking `name` up in `parent`. Numbers derived from local inodes need not
     /// be: `exports` finds their objects again.
     pub fn placed(&self, node: &Node, parent: u64, name: &std::ffi::OsStr) {
-        if node.ino & (REMOTE_BIT | COUNTER_BIT) != 0 && self.journal.get().is_some() {
-            self.note(&Fact::Placed {
-                number: node.ino,
-                parent,
-                name: name.to_owned(),
-            });
+        if node.ino & (REMOTE_BIT | COUNTER_BIT) == 0 {
+            return;
+        }
+        if let Some(journal) = self.journal.get() {
+            journal.append(&Fact::placed_record(node.ino, parent, name));
         }
     }
 
