@@ -36,15 +36,42 @@ impl View {
         index: &IndexOnce,
         probe: Probe,
     ) -> Result<Found, Errno> {
-        let fds = parent.dir_fds();
-        if let Some(local) = fds.local() {
-            if let Some((fd, st)) = probe_entry(local, c, probe)? {
-                if marker::hides(parent.zone, local, c, &st) {
-                    return Err(Errno::ENOENT);
-                }
-                return Ok(Found::Local { fd, st });
-            }
+        match self.resolve_local(parent, c, probe)? {
+            InLocal::Object(fd, st) => Ok(Found::Local { fd, st }),
+            InLocal::Whiteout => Err(Errno::ENOENT),
+            InLocal::Nothing => self.resolve_below(parent, name, c, index, probe),
         }
+    }
+
+    /// What local's part of `parent` holds of `name`.
+    pub(super) fn resolve_local(
+        &self,
+        parent: &Node,
+        c: &CStr,
+        probe: Probe,
+    ) -> Result<InLocal, Errno> {
+        let fds = parent.dir_fds();
+        let Some(local) = fds.local() else {
+            return Ok(InLocal::Nothing);
+        };
+        Ok(match probe_entry(local, c, probe)? {
+            Some((_, st)) if marker::hides(parent.zone, local, c, &st) => InLocal::Whiteout,
+            Some((fd, st)) => InLocal::Object(fd, st),
+            None => InLocal::Nothing,
+        })
+    }
+
+    /// What shows of `name` in `parent` where local holds nothing of it: a synthesized
+    /// link, the remote's entry, or the layout's skeleton.
+    pub(super) fn resolve_below(
+        &self,
+        parent: &Node,
+        name: &OsStr,
+        c: &CStr,
+        index: &IndexOnce,
+        probe: Probe,
+    ) -> Result<Found, Errno> {
+        let fds = parent.dir_fds();
         let index = index.get();
         if let Some(target) = self.layout.virtual_link(parent.zone, name, index) {
             return Ok(Found::VirtualLink(target));
@@ -391,4 +418,12 @@ pub(super) fn virtual_identity(parent: &Node, name: &OsStr) -> Identity {
         parent: parent.ino,
         name: name.to_owned(),
     }
+}
+
+/// What local's part of a directory holds of a name.
+pub(super) enum InLocal {
+    Object(Option<OwnedFd>, Stat),
+    /// A whiteout: nothing of the name below shows.
+    Whiteout,
+    Nothing,
 }

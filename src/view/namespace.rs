@@ -17,6 +17,7 @@ use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::{Gid, Uid};
 
 use super::copyup::Room;
+use super::lookup::InLocal;
 use super::names::temp_name;
 use super::node::{Layer, Node};
 use super::{marker, names, view_name, Caller, Entry, Found, IndexOnce, Probe, Stat, View};
@@ -420,11 +421,18 @@ impl View {
         }
         let c = view_name(name)?;
         let index = IndexOnce::of(self);
-        match self.resolve(parent, name, &c, &index, Probe::Stat) {
-            Ok(_) => return Err(Errno::EEXIST),
-            Err(Errno::ENOENT) => {}
-            Err(e) => return Err(e),
-        }
+        // One probe of local tells both whether the name is taken and whether the new
+        // entry replaces a whiteout: the kernel holds `parent` locked, so neither changes
+        // before the entry is made.
+        let whiteout = match self.resolve_local(parent, &c, Probe::Stat)? {
+            InLocal::Object(..) => return Err(Errno::EEXIST),
+            InLocal::Whiteout => true,
+            InLocal::Nothing => match self.resolve_below(parent, name, &c, &index, Probe::Stat) {
+                Ok(_) => return Err(Errno::EEXIST),
+                Err(Errno::ENOENT) => false,
+                Err(e) => return Err(e),
+            },
+        };
         let dir = self.ensure_local_dir(parent)?;
         let dir = dir.as_fd();
         let is_dir = kind == Kind::Dir;
@@ -438,7 +446,6 @@ impl View {
                 }
             }
         };
-        let whiteout = names::is_whiteout(parent.zone, dir, &c);
         let (pin, made) = if !whiteout && !via_temp {
             made_pinned(&c)?
         } else {
