@@ -31,6 +31,7 @@
 use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use nix::errno::Errno;
@@ -90,6 +91,9 @@ impl Record {
     }
 }
 
+/// How many records [`Exports`] remembers having written.
+const WRITTEN_SLOTS: usize = 1 << 16;
+
 /// The records of local's objects (see the module documentation). Written and read with
 /// `pwrite`/`pread` of whole records at their own offsets: no lock.
 #[derive(Debug)]
@@ -97,6 +101,11 @@ pub struct Exports {
     /// None where the records could not be opened: handles then go stale when the kernel
     /// forgets their nodes.
     files: Option<Files>,
+    /// A fingerprint of the record last written for an inode number, in the slot of the
+    /// number modulo their count (0: none): a node built again for an object whose record
+    /// stands (a cold `stat` after the kernel dropped its caches, a walk larger than the
+    /// inode table) writes nothing. A number sharing its slot only costs a write.
+    written: Box<[AtomicU64]>,
 }
 
 #[derive(Debug)]
@@ -122,7 +131,14 @@ impl Exports {
         if let Err(e) = &files {
             warn!(error = %e, "no file handle records in local: handles of forgotten objects will be stale");
         }
-        Exports { files: files.ok() }
+        Exports {
+            files: files.ok(),
+            written: (0..WRITTEN_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn written(&self, ino: u64) -> &AtomicU64 {
+        &self.written[(ino % WRITTEN_SLOTS as u64) as usize]
     }
 
     /// The record file and the offset of local inode number `ino`'s record in it.
@@ -133,9 +149,18 @@ impl Exports {
 
     /// Records `record` for local inode number `ino`.
     pub fn record(&self, ino: u64, record: &Record) {
-        if let Some((file, at)) = self.slot(ino) {
-            // A record that does not reach the disk leaves one handle stale, no more.
-            let _ = nix::sys::uio::pwrite(file, &record.encode(), at);
+        let Some((file, at)) = self.slot(ino) else {
+            return;
+        };
+        let encoded = record.encode();
+        let print = fingerprint(ino, &encoded);
+        let written = self.written(ino);
+        if written.load(Ordering::Relaxed) == print {
+            return;
+        }
+        // A record that does not reach the disk leaves one handle stale, no more.
+        if nix::sys::uio::pwrite(file, &encoded, at) == Ok(RECORD) {
+            written.store(print, Ordering::Relaxed);
         }
     }
 
@@ -143,6 +168,7 @@ impl Exports {
     pub fn moved(&self, ino: u64, dir: u64) {
         if let Some((file, at)) = self.slot(ino) {
             let _ = nix::sys::uio::pwrite(file, &dir.to_le_bytes(), at + 8);
+            self.written(ino).store(0, Ordering::Relaxed);
         }
     }
 
@@ -159,6 +185,16 @@ impl Exports {
         let files = self.files.as_ref().ok_or(Errno::ESTALE)?;
         handle.open(files.mount.as_fd(), OFlag::O_PATH | OFlag::O_NOFOLLOW)
     }
+}
+
+/// FNV-1a of an inode number and its encoded record; never 0.
+fn fingerprint(ino: u64, record: &[u8; RECORD]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in ino.to_le_bytes().iter().chain(record) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h | 1
 }
 
 impl View {
@@ -370,5 +406,40 @@ mod tests {
         assert_eq!(exports.get(12).map(|r| r.dir), Some(99));
         exports.record(RECORDED_BELOW, &record);
         assert_eq!(exports.get(RECORDED_BELOW), None);
+    }
+
+    #[test]
+    fn a_record_that_stands_is_not_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = store::open_root(dir.path()).unwrap();
+        let exports = Exports::open(root.as_fd());
+        let record = Record {
+            handle: FsHandle::from_parts(1, &[9; 8]).unwrap(),
+            dir: 5,
+        };
+        let records = dir.path().join(std::ffi::OsStr::from_bytes(EXPORTS_NAME));
+        let wipe = || std::fs::write(&records, []).unwrap();
+        exports.record(3, &record);
+        wipe();
+        exports.record(3, &record);
+        assert_eq!(exports.get(3), None, "the same record again writes nothing");
+        let other = Record {
+            dir: 6,
+            ..record.clone()
+        };
+        exports.record(3, &other);
+        assert_eq!(
+            exports.get(3),
+            Some(other.clone()),
+            "a changed record is written"
+        );
+        exports.moved(3, 7);
+        wipe();
+        exports.record(3, &other);
+        assert_eq!(
+            exports.get(3),
+            Some(other),
+            "after a move the record is written again"
+        );
     }
 }
