@@ -28,6 +28,21 @@ fn level_filter(level: &str) -> EnvFilter {
     EnvFilter::new(format!("{level},fuser::session=error"))
 }
 
+/// Lets `log` records (fuser's) through only up to what `filter` can show: the bridge
+/// into `tracing` otherwise lets every one through to be judged, and fuser logs each
+/// request it dispatches at debug level.
+fn follow_level(filter: &EnvFilter) {
+    use tracing::level_filters::LevelFilter as L;
+    log::set_max_level(match filter.max_level_hint() {
+        Some(L::OFF) => log::LevelFilter::Off,
+        Some(L::ERROR) => log::LevelFilter::Error,
+        Some(L::WARN) => log::LevelFilter::Warn,
+        Some(L::INFO) => log::LevelFilter::Info,
+        Some(L::DEBUG) => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Trace,
+    });
+}
+
 /// Sets a new filter on the daemon's log (`-o remount,log=…`).
 type Reload = Box<dyn Fn(&str) -> std::result::Result<(), String> + Send + Sync>;
 
@@ -55,9 +70,9 @@ where
 {
     let (layer, handle) = tracing_subscriber::reload::Layer::new(filter);
     handles.push(Box::new(move |level| {
-        handle
-            .reload(level_filter(level))
-            .map_err(|e| e.to_string())
+        let filter = level_filter(level);
+        follow_level(&filter);
+        handle.reload(filter).map_err(|e| e.to_string())
     }));
     layer
 }
@@ -117,6 +132,7 @@ pub fn default_file(mountpoint: &Path) -> PathBuf {
 pub fn init(config: &MountConfig) {
     let mut handles = Vec::new();
     let destination = init_layers(config, &mut handles);
+    follow_level(&filter(config, "info"));
     let _ = RELOAD.set(handles);
     let _ = DESTINATION.set(destination);
 }
