@@ -6,8 +6,11 @@ Subcommands:
   mkdata PATH BYTES            write BYTES of random data to PATH (not sparse)
   mksparse PATH BYTES          a sparse file of BYTES: 1 MiB of random data every 64 MiB, holes between
   fio JSON rw|write            print "<MiB/s> <IOPS>" from a fio --output-format=json file
-  meta DIR N                   metadata workload in DIR (created, or an empty dir that exists):
-                               create N files, cold stat, readdir, unlink; print JSON ops/s
+  meta DIR N [COUNTS [PIDS]]   metadata workload in DIR (created, or an empty dir that exists):
+                               create N files, cold stat, readdir, unlink; print JSON ops/s.
+                               COUNTS: a layerfs metrics URL or a `uring-probe serve --stats`
+                               file (requests per operation); PIDS: the FUSE server's processes,
+                               comma-separated (their CPU time per operation); "-" for none
   copyup PATH [--strict] [--trunc]
                                time the first 1-byte write into PATH (open O_WRONLY + pwrite +
                                fsync + close, after a full read so the source is cached); print ms.
@@ -88,19 +91,41 @@ def cmd_fio(args):
     print("%.3f %.1f" % (bw / MIB, side["iops"]))
 
 
-def requests(url):
-    """FUSE requests served so far by opcode, from a layerfs metrics endpoint ({} without one)."""
-    if not url:
+def requests(source):
+    """FUSE requests served so far: by opcode from a layerfs metrics endpoint (an http URL),
+    or in all from a stats file `uring-probe serve --stats` keeps ({} without a source)."""
+    if not source or source == "-":
         return {}
-    import re
+    if not source.startswith("http"):
+        time.sleep(0.06)  # the probe rewrites its file every 20 ms
+        with open(source) as f:
+            doc = json.load(f)
+        return {"replied": float(doc["requests"]), "forget": float(doc["forgets"])}
     import urllib.request
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    text = urllib.request.urlopen(source, timeout=10).read().decode()
     counts = {}
     for line in text.splitlines():
         m = re.match(r'layerfs_requests_total\{op="(\w+)"\} (\S+)', line)
         if m:
             counts[m.group(1)] = float(m.group(2))
     return counts
+
+
+def daemon_cpu(pids):
+    """CPU time (µs) the processes `pids` have used, all their threads together."""
+    total = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir("/proc/%s/task" % pid)
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open("/proc/%s/task/%s/schedstat" % (pid, task)) as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total / 1000.0
 
 
 def per_op(before, after, n):
@@ -111,7 +136,8 @@ def per_op(before, after, n):
 
 def cmd_meta(args):
     d, n = args[0], int(args[1])
-    url = args[2] if len(args) > 2 else ""
+    source = args[2] if len(args) > 2 else ""
+    pids = [p for p in (args[3] if len(args) > 3 else "").split(",") if p and p != "-"]
     # An empty directory that exists (a mount's root) is used as it is and left in place.
     made = not os.path.isdir(d)
     if made:
@@ -120,51 +146,59 @@ def cmd_meta(args):
         raise SystemExit("meta: %s is not empty" % d)
     names = ["f%06d" % i for i in range(n)]
     paths = [os.path.join(d, x) for x in names]
-    res = {}
-    counts = {}
+    res, counts, cpu = {}, {}, {}
 
-    seen = requests(url)
-    t = time.perf_counter()
-    for p in paths:
-        os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-    res["create"] = n / (time.perf_counter() - t)
-    now = requests(url)
-    counts["create"], seen = per_op(seen, now, n), now
+    def timed(key, work, ops=n):
+        """Runs `work`, which does `ops` operations (or returns how many it did); records
+        ops/s, requests and daemon CPU per operation."""
+        seen, used = requests(source), daemon_cpu(pids)
+        t = time.perf_counter()
+        done = work()
+        wall = time.perf_counter() - t
+        ops = done or ops
+        res[key] = ops / wall
+        if pids:
+            cpu[key] = round((daemon_cpu(pids) - used) / ops, 1)
+        counts[key] = per_op(seen, requests(source), ops)
 
+    def create():
+        for p in paths:
+            os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+
+    def stat():
+        for p in paths:
+            os.stat(p)
+
+    def readdir():
+        # Whole-directory scans for at least 3 passes and 0.3 s (one pass of 10 000 entries
+        # takes only milliseconds); d_type is used, never a stat.
+        passes = entries = 0
+        t = time.perf_counter()
+        while passes < 3 or time.perf_counter() - t < 0.3:
+            with os.scandir(d) as it:
+                for e in it:
+                    e.is_dir(follow_symlinks=False)
+                    entries += 1
+            passes += 1
+        if entries != passes * n:
+            raise SystemExit("readdir saw %d entries in %d passes, expected %d each" % (entries, passes, n))
+        return entries
+
+    def unlink():
+        for p in paths:
+            os.unlink(p)
+
+    timed("create", create)
     res["cold"] = drop_caches()
-    seen = requests(url)
-    t = time.perf_counter()
-    for p in paths:
-        os.stat(p)
-    res["stat"] = n / (time.perf_counter() - t)
-    now = requests(url)
-    counts["stat"], seen = per_op(seen, now, n), now
-
-    # readdir: repeat whole-directory scans for at least 3 passes and 0.3 s (one pass of
-    # 10 000 entries takes only milliseconds); d_type is used, never a stat.
-    passes = entries = 0
-    t = time.perf_counter()
-    while passes < 3 or time.perf_counter() - t < 0.3:
-        with os.scandir(d) as it:
-            for e in it:
-                e.is_dir(follow_symlinks=False)
-                entries += 1
-        passes += 1
-    res["readdir"] = entries / (time.perf_counter() - t)
-    if entries != passes * n:
-        raise SystemExit("readdir saw %d entries in %d passes, expected %d each" % (entries, passes, n))
-    now = requests(url)
-    counts["readdir"], seen = per_op(seen, now, entries), now
-
-    t = time.perf_counter()
-    for p in paths:
-        os.unlink(p)
-    res["unlink"] = n / (time.perf_counter() - t)
-    counts["unlink"] = per_op(seen, requests(url), n)
+    timed("stat", stat)
+    timed("readdir", readdir)
+    timed("unlink", unlink)
     if made:
         os.rmdir(d)
-    if url:
+    if source and source != "-":
         res["requests"] = counts
+    if pids:
+        res["cpu_us"] = cpu
     print(json.dumps(res))
 
 
@@ -211,17 +245,18 @@ def cmd_copyup(args):
     print("%.3f" % (dt * 1000))
 
 
-# workload key -> (label, unit, higher_is_better, DESIGN §10 target vs kernel overlayfs)
+# workload key -> (label, unit, higher_is_better, DESIGN §10 target vs kernel overlayfs; None:
+# the metadata rows, whose target follows the FUSE floor measured in the same run)
 WORKLOADS = [
     ("seqread_first", "seq read 1 MiB, first (cold cache)", "MiB/s", True, 0.95),
     ("seqread_again", "seq read 1 MiB, re-read", "MiB/s", True, 0.95),
     ("seqwrite", "seq write 1 MiB (+fsync)", "MiB/s", True, 0.95),
     ("randread", "rand read 4 KiB", "IOPS", True, 0.95),
     ("randwrite", "rand write 4 KiB (+fsync)", "IOPS", True, 0.95),
-    ("meta_create", "create", "ops/s", True, 0.5),
-    ("meta_stat", "stat (cold)", "ops/s", True, 0.5),
-    ("meta_readdir", "readdir", "entries/s", True, 0.5),
-    ("meta_unlink", "unlink", "ops/s", True, 0.5),
+    ("meta_create", "create", "ops/s", True, None),
+    ("meta_stat", "stat (cold)", "ops/s", True, None),
+    ("meta_readdir", "readdir", "entries/s", True, 1.0),
+    ("meta_unlink", "unlink", "ops/s", True, None),
     ("copyup_ms", "copy-up: 1st write into 64 MiB lower file", "ms", False, 1.0),
     ("copyup_sparse_ms", "copy-up: 1st write into 1 GiB sparse lower file", "ms", False, 1.0),
 ]
@@ -244,15 +279,80 @@ def ratio(v, base, higher_better):
     return v / base if higher_better else base / v
 
 
+# Metadata rows held to DESIGN §10's rule: time per operation at most the FUSE floor's plus
+# kernel overlayfs's, on the same transport.
+TIMED_META = ("meta_create", "meta_stat", "meta_unlink")
+# The floor each layerfs target is held to.
+FLOOR_OF = {"layerfs": "fuse-floor", "layerfs-uring": "fuse-floor-uring"}
+
+
+def meta_limit(res, target, key, share=1.0):
+    """The §10 limit on `target`'s time per operation (µs) in metadata row `key`: the floor's
+    time plus `share` of overlayfs's; None without both in the run."""
+    floor, over = res.get((FLOOR_OF.get(target), key)), res.get(("overlayfs", key))
+    if not floor or not over:
+        return None
+    return 1e6 / floor + share * 1e6 / over
+
+
+def target_ratio(res, target, key, fixed):
+    """The §10 target of `target` in row `key` as a speed ratio to overlayfs."""
+    if fixed is not None:
+        return fixed
+    limit, over = meta_limit(res, target, key), res.get(("overlayfs", key))
+    return None if limit is None or not over else (1e6 / over) / limit
+
+
+def meta_table(runs, res, reqs, cpus, targets):
+    """Per metadata row and target: time, requests and server CPU per operation, the spread
+    over rounds, and for layerfs the §10 limit with ✓/✗."""
+    out = ["", "### Metadata per operation (median of the rounds)\n",
+           "Time is wall time per operation (per entry for readdir); requests are those the "
+           "server answered (FORGETs apart), CPU is the server's (all its threads) per "
+           "operation; spread is (max − min) / median of the rounds' rates, the goal ≤ 20 %. "
+           "Limit (§10): the FUSE floor's time plus overlayfs's on the same transport, "
+           "stretch: floor plus half of overlayfs.\n",
+           "| row | target | µs/op | requests/op | server CPU µs/op | spread | limit µs/op (stretch) |",
+           "|---|---|---:|---:|---:|---:|---|"]
+    for key, label, _unit, _hb, _tgt in WORKLOADS:
+        if not key.startswith("meta_"):
+            continue
+        for t in targets:
+            rate = res.get((t, key))
+            if not rate:
+                continue
+            us = 1e6 / rate
+            counts = json.loads(reqs[(t, key)][-1]) if (t, key) in reqs else None
+            asked = "n/a" if counts is None else "%.2f" % sum(
+                v for op, v in counts.items() if op != "forget")
+            cpu = cpus.get((t, key))
+            cpu = "n/a" if not cpu else "%.1f" % statistics.median(cpu)
+            v = runs.get((t, key), [])
+            spread = "n/a" if len(v) < 2 else "%.0f %%%s" % (
+                100 * (max(v) - min(v)) / statistics.median(v),
+                " ✗" if (max(v) - min(v)) / statistics.median(v) > 0.2 else "")
+            limit = ""
+            if key in TIMED_META and t in FLOOR_OF:
+                hard, soft = meta_limit(res, t, key), meta_limit(res, t, key, 0.5)
+                if hard is not None:
+                    limit = "≤ %.1f (%.1f) %s" % (hard, soft, "✓" if us <= hard else "✗")
+            out.append("| %s | %s | %.1f | %s | %s | %s | %s |" % (label, t, us, asked, cpu, spread, limit))
+    return out
+
+
 def cmd_report(args):
     results_path, targets = args[0], args[1:]
     runs = {}
     reqs = {}
+    cpus = {}
     with open(results_path) as f:
         for line in f:
             parts = line.split(None, 2)
             if len(parts) == 3 and parts[1].startswith("requests_"):
                 reqs.setdefault((parts[0], parts[1][len("requests_"):]), []).append(parts[2].strip())
+                continue
+            if len(parts) == 3 and parts[1].startswith("cpu_"):
+                cpus.setdefault((parts[0], parts[1][len("cpu_"):]), []).append(float(parts[2]))
                 continue
             if len(parts) == 3:
                 try:
@@ -289,10 +389,10 @@ def cmd_report(args):
         out.append("")
         out.append("### Ratios vs %s (speed ratio: > 1.00 = faster; for ms it is %s time / target time)\n"
                    % (title, base))
-        show_target = base == "overlayfs" and "layerfs" in others
-        head = "| workload | " + " | ".join(others) + (" | §10 target (layerfs) |" if show_target else " |")
+        held = [t for t in FLOOR_OF if t in others] if base == "overlayfs" else []
+        head = "| workload | " + " | ".join(others) + "".join(" | §10 target (%s)" % t for t in held) + " |"
         out.append(head)
-        out.append("|---|" + "---:|" * len(others) + ("---|" if show_target else ""))
+        out.append("|---|" + "---:|" * len(others) + "---|" * len(held))
         for key, label, unit, hb, tgt in WORKLOADS:
             b = res.get((base, key))
             cells = []
@@ -303,15 +403,17 @@ def cmd_report(args):
                 else:
                     cells.append("n/a" if r is None else "%.2f" % r)
             line = "| %s | %s |" % (label, " | ".join(cells))
-            if show_target:
-                r = ratio(res.get(("layerfs", key)), b, hb)
-                mark = "" if r is None else (" ✓" if r >= tgt else " ✗")
-                # Below the floor of any FUSE filesystem, the target is out of reach.
-                floor = ratio(res.get(("fuse-floor", key)), b, hb)
-                if r is not None and r < tgt and floor is not None and floor < tgt:
-                    mark += " (fuse-floor %.2f)" % floor
-                line += " ≥ %.2f%s |" % (tgt, mark)
+            for t in held:
+                want = target_ratio(res, t, key, tgt)
+                r = ratio(res.get((t, key)), b, hb)
+                if want is None:
+                    line += " n/a (needs %s) |" % FLOOR_OF[t]
+                    continue
+                mark = "" if r is None else (" ✓" if r >= want else " ✗")
+                line += " ≥ %.2f%s |" % (want, mark)
             out.append(line)
+    if any(k[1].startswith("meta_") for k in runs):
+        out += meta_table(runs, res, reqs, cpus, targets)
     if reqs:
         out.append("")
         out.append("### FUSE requests per operation (layerfs, from its metrics; last round)\n")

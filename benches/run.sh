@@ -218,12 +218,23 @@ remember_daemon() {
     if [ -n "$pid" ]; then DAEMON_PIDS+=("$pid"); fi
 }
 
+# serving_pids MOUNTPOINT: the processes serving a FUSE mount (a kept layerfs mount has its
+# keeper beside its daemon), comma-separated.
+serving_pids() {
+    pgrep -f -- " $1\$" | paste -sd, -
+}
+
 # mount_target NAME: mount it (if it is a mount) and set ROOT to the root of the target, where
 # $REL and the write dirs live.  Not run in a subshell: MOUNTS must reach the cleanup trap.
 ROOT=
+# Where the metadata workload reads the target's request counts (a metrics URL or a stats
+# file) and which processes serve it ("-": none).
+COUNTS=-
+SERVERS=-
 mount_target() {
     local t=$1 d="$RUN/$1" mnt i
     mnt="$d/mnt"
+    COUNTS=- SERVERS=-
     case "$t" in
     plain)
         ROOT="$RUN/plain"
@@ -247,6 +258,7 @@ mount_target() {
         fi
         grep -v '^unknown argument ignored: lazytime$' "$d/mount.err" >&2 || true
         remember_daemon "$mnt"
+        SERVERS=$(serving_pids "$mnt")
         ;;
     layerfs|layerfs-uring)
         # A fresh local each round; the metrics endpoint counts the requests per workload.
@@ -261,6 +273,8 @@ mount_target() {
             -o "allow_other,metrics=127.0.0.1:$METRICS_PORT$extra" "$mnt" >&2 \
             || die "layerfs mount failed: $LAYERFS mount --remote $REMOTE --local $d/local -o allow_other $mnt"
         remember_daemon "$mnt"
+        COUNTS=$METRICS
+        SERVERS=$(serving_pids "$mnt")
         ;;
     fuse-floor|fuse-floor-uring)
         # Served in the foreground until unmounted; as many threads as layerfs has.
@@ -271,8 +285,10 @@ mount_target() {
         mkdir -p "$mnt"
         MOUNTS+=("$mnt")
         "$PROBE" serve "$mnt" --transport "$transport" --threads "$threads" --timeout 3600 \
-            2>"$d/serve.err" &
+            --stats "$d/stats.json" 2>"$d/serve.err" &
         DAEMON_PIDS+=("$!")
+        COUNTS=$d/stats.json
+        SERVERS=$!
         ;;
     esac
     for i in $(seq 50); do mountpoint -q "$mnt" && break; sleep 0.1; done
@@ -280,6 +296,9 @@ mount_target() {
         [ -f "$d/serve.err" ] && cat "$d/serve.err" >&2
         die "$t: $mnt is not a mountpoint after mounting"
     fi
+    case "$t" in fuse-floor*)
+        for i in $(seq 50); do [ -f "$COUNTS" ] && break; sleep 0.1; done ;;
+    esac
     ROOT="$mnt"
 }
 
@@ -311,6 +330,8 @@ for k in ("create", "stat", "readdir", "unlink"):
     print(t, "meta_" + k, "%.1f" % m[k])
     if k in m.get("requests", {}):
         print(t, "requests_meta_" + k, json.dumps(m["requests"][k]))
+    if k in m.get("cpu_us", {}):
+        print(t, "cpu_meta_" + k, m["cpu_us"][k])
 EOF
     log "$1 metadata: $2"
 }
@@ -323,7 +344,7 @@ bench_target() {
     root=$ROOT
     case "$t" in fuse-floor*)
         # One flat in-memory directory: the metadata rows only, in its root.
-        meta=$(python3 "$BENCH_PY" meta "$root" "$FILES") || die "$t: metadata workload failed"
+        meta=$(python3 "$BENCH_PY" meta "$root" "$FILES" "$COUNTS" "$SERVERS") || die "$t: metadata workload failed"
         record_meta "$t" "$meta"
         unmount_target "$t"
         return
@@ -353,7 +374,7 @@ bench_target() {
     sync
 
     # metadata
-    meta=$(python3 "$BENCH_PY" meta "$wdir/meta" "$FILES" "$METRICS") || die "$t: metadata workload failed"
+    meta=$(python3 "$BENCH_PY" meta "$wdir/meta" "$FILES" "$COUNTS" "$SERVERS") || die "$t: metadata workload failed"
     record_meta "$t" "$meta"
 
     # copy-up: first 1-byte write into a 64 MiB file of the lower/remote, then the same into

@@ -23,9 +23,10 @@ usage:
       runs the round-trip and metadata workloads, unmounts, and prints a Markdown report.
       LIST is comma-separated from dev1, dev2 (classic loop with 1 or 2 threads) and uring;
       default dev1,dev2,uring.
-  uring-probe serve MOUNTPOINT [--transport dev|uring] [--threads N] [--depth N]
+  uring-probe serve MOUNTPOINT [--transport dev|uring] [--threads N] [--depth N] [--stats FILE]
                     [--defer-taskrun] [--timeout SECS]
-      Serves an empty flat directory at MOUNTPOINT until unmounted or signalled.
+      Serves an empty flat directory at MOUNTPOINT until unmounted or signalled. With
+      --stats, FILE holds the requests served so far (JSON), rewritten every 20 ms.
 
 defaults: --rounds 3 --stat-n 200000 --files 10000 --timeout 1 (entry and attribute
 lifetime, as layerfs) --depth 8 (ring entries per CPU queue) --threads 1.
@@ -119,6 +120,7 @@ fn run() -> Result<(), String> {
             let mountpoint = PathBuf::from(a.0.remove(0));
             let transport: String = a.value("--transport", "dev".to_string())?;
             let threads: usize = a.value("--threads", 1)?;
+            let stats_file: String = a.value("--stats", String::new())?;
             let transport = match transport.as_str() {
                 "dev" => Transport::Dev {
                     threads: threads.max(1),
@@ -143,12 +145,30 @@ fn run() -> Result<(), String> {
             // Runs until someone unmounts it (then the threads end) or a signal arrives (the
             // signal thread unmounts and exits).
             while server.running() {
-                std::thread::sleep(Duration::from_millis(200));
+                std::thread::sleep(Duration::from_millis(20));
+                if !stats_file.is_empty() {
+                    write_stats(&stats_file, &server.stats)?;
+                }
             }
             server.stop()
         }
         _ => Err(format!("unknown command {cmd:?}\n{USAGE}")),
     }
+}
+
+/// Writes the requests served so far to `path` as JSON (`{"requests": N, "forgets": N}`),
+/// replacing it whole, so that a reader between two workloads never sees half a file.
+fn write_stats(path: &str, stats: &server::Stats) -> Result<(), String> {
+    use std::sync::atomic::Ordering;
+    let text = format!(
+        "{{\"requests\": {}, \"forgets\": {}}}\n",
+        stats.requests(),
+        stats.forgets.load(Ordering::Relaxed)
+    );
+    let temp = format!("{path}.new");
+    std::fs::write(&temp, text)
+        .and_then(|()| std::fs::rename(&temp, path))
+        .map_err(|e| format!("stats file {path}: {e}"))
 }
 
 fn main() -> ExitCode {
