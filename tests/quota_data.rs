@@ -744,32 +744,9 @@ fn daemon_rchar(m: &Mount) -> u64 {
     rchar.trim().parse().unwrap()
 }
 
-/// Waits (up to 10 s) until the daemon has no open of the local file `rel` left but its
-/// node's `O_PATH` handle. `close(2)` returns before the kernel sends RELEASE, and an open
-/// made before that arrives shares the mode of the one closed: a reader after a writer
-/// would not get passthrough, nor a writer after it hold the file's holes.
+/// Waits until the daemon has closed the local file `rel` (see [`Mount::released`]).
 fn released(m: &Mount, rel: &str) {
-    let want = fs::metadata(m.local.join(rel)).unwrap();
-    let daemon = daemon_proc(m);
-    let opens = || {
-        fs::read_dir(daemon.join("fd"))
-            .unwrap()
-            .flatten()
-            .filter(|fd| {
-                fs::metadata(fd.path())
-                    .is_ok_and(|st| st.dev() == want.dev() && st.ino() == want.ino())
-            })
-            .filter(|fd| {
-                let info = daemon.join("fdinfo").join(fd.file_name());
-                let flags = fs::read_to_string(info).unwrap_or_default();
-                let flags = flags.lines().find_map(|l| l.strip_prefix("flags:"));
-                flags
-                    .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
-                    .is_some_and(|f| f & libc::O_PATH as u32 == 0)
-            })
-            .count()
-    };
-    eventually(10, &format!("the daemon to close {rel}"), || opens() == 0);
+    m.released(&m.local.join(rel));
 }
 
 /// A fixture mount where files get FUSE passthrough; `None` where the kernel offers none,

@@ -537,7 +537,11 @@ fn both_modes(check: impl Fn(&Mount, &str)) {
 fn an_open_for_writing_that_changes_nothing_copies_nothing_up() {
     both_modes(|m, opts| {
         let view = m.diff("L1").join("etc/passwd");
+        let remote = m.remote_diff("L1").join("etc/passwd");
         let original = fs::read(&view).unwrap();
+        // A writer opened while the reader's RELEASE is on its way would share its open
+        // of the remote file, and copy up at once (see `Mount::released`).
+        m.released(&remote);
         let mut f = fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -547,6 +551,7 @@ fn an_open_for_writing_that_changes_nothing_copies_nothing_up() {
         f.read_to_end(&mut got).unwrap();
         assert_eq!(got, original, "-o {opts}: read through a writer");
         drop(f);
+        m.released(&remote);
         assert!(
             !m.local_diff("L1").join("etc/passwd").exists(),
             "-o {opts}: an open that wrote nothing made a copy"

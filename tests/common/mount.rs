@@ -5,7 +5,7 @@
 //! mounts trees the test made itself.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -205,6 +205,38 @@ impl Mount {
     /// The pid of a foreground daemon (`None` for a daemonized mount).
     pub fn daemon_pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Waits (up to 10 s) until the foreground daemon holds `file` (a path in the remote or
+    /// local tree) open no more, but for its node's `O_PATH` handle. `close(2)` returns
+    /// before the kernel sends RELEASE, and an open made before that arrives shares the way
+    /// the open being closed does its I/O (FUSE passthrough binds every open of an inode to
+    /// one backing file): a reader after a writer would not get passthrough, nor a writer
+    /// after a reader of a remote file open without copying it up.
+    pub fn released(&self, file: &Path) {
+        let want = fs::metadata(file).unwrap();
+        let pid = self.daemon_pid().expect("a foreground mount");
+        let daemon = PathBuf::from(format!("/proc/{pid}"));
+        let opens = || {
+            fs::read_dir(daemon.join("fd"))
+                .unwrap()
+                .flatten()
+                .filter(|fd| {
+                    fs::metadata(fd.path())
+                        .is_ok_and(|st| st.dev() == want.dev() && st.ino() == want.ino())
+                })
+                .filter(|fd| {
+                    let info = daemon.join("fdinfo").join(fd.file_name());
+                    let flags = fs::read_to_string(info).unwrap_or_default();
+                    let flags = flags.lines().find_map(|l| l.strip_prefix("flags:"));
+                    flags
+                        .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+                        .is_some_and(|f| f & libc::O_PATH as u32 == 0)
+                })
+                .count()
+        };
+        let what = format!("the daemon to close {}", file.display());
+        super::eventually(10, &what, || opens() == 0);
     }
 
     /// Kills a foreground daemon with SIGKILL, as a crash would, and detaches its dead mount
