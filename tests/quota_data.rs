@@ -897,3 +897,46 @@ fn a_mapping_beside_a_passthrough_reader_is_counted_at_close() {
     assert_usage_matches_local(&m, "overlay/q");
     assert!(fs::read(q.join("m")).unwrap().iter().all(|&b| b == 0x5a));
 }
+
+/// Random 4 KiB writes, with an `fsync` every 64, into a file preallocated in a root whose
+/// room is too small to take each write's worst case unasked, with local on btrfs. Each
+/// write asks FIEMAP which blocks of its span exist; btrfs, while the file has data not yet
+/// written back, lists extents from the file's start whatever range is asked, and asked
+/// again from where that list ended it listed the same extents: the first write that met a
+/// full list of them did not return until writeback had cleared the file's delayed
+/// allocations, 30 s later (fio made one write a second). The whole takes about a second
+/// now; the watchdog fails it at 20.
+#[test]
+fn random_writes_into_a_root_on_btrfs_all_return() {
+    if Command::new("mkfs.btrfs")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        missing_capability("btrfs", "mkfs.btrfs is not installed");
+        return;
+    }
+    let mut btrfs = LocalFs::default();
+    let m = Mount::with(Options::default(), |remote| {
+        btrfs.btrfs(&local_beside(remote), 512);
+    });
+    let _w = Watchdog::of(&m, 20);
+    let q = root(&m, "q", "64M", &[]);
+    let size = 32 * MIB;
+    let f = fs::File::create(q.join("f")).unwrap();
+    nix::fcntl::posix_fallocate(&f, 0, size as i64).unwrap();
+    let block = pattern(4096, 5);
+    let mut at = 12_345u64;
+    for i in 0..4000u64 {
+        at = (at * 1_103_515_245 + 12_345) % (size / 4096);
+        let n = nix::sys::uio::pwrite(&f, &block, (at * 4096) as i64)
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+        assert_eq!(n, block.len(), "write {i}");
+        if i % 64 == 63 {
+            f.sync_all().unwrap();
+        }
+    }
+    drop(f);
+    released(&m, "overlay/q/f");
+    assert_usage_matches_local(&m, "overlay/q");
+}

@@ -32,6 +32,8 @@ command -v runc >/dev/null || missing+=(runc)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 # A registry on 127.0.0.1 for the CRI pull through the layerfs snapshotter.
 command -v docker-registry >/dev/null || missing+=(docker-registry)
+# A local on btrfs (tests/quota_data.rs).
+command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)
 # fio writes and verifies under a daemon killed again and again (tests/restart.rs).
 command -v fio >/dev/null || missing+=(fio)
 # systemd-analyze checks the shipped units (tests/systemd_units.sh).

@@ -39,11 +39,11 @@ const FIEMAP_EXTENT_LAST: u32 = 0x1;
 const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
 
 /// Bytes of `[start, end)` of the file that have space allocated. Fails where the
-/// filesystem has no FIEMAP (tmpfs, for one).
+/// filesystem has no FIEMAP (tmpfs, for one), and where its answers cannot be paged
+/// through (see [`Walk::take`]).
 pub fn allocated_between(fd: BorrowedFd<'_>, start: u64, end: u64) -> Result<u64, Errno> {
-    let mut total = 0;
-    let mut at = start;
-    while at < end {
+    let mut walk = Walk::new(start, end);
+    while let Some(at) = walk.next_start() {
         let mut req = Request {
             start: at,
             length: end - at,
@@ -56,28 +56,102 @@ pub fn allocated_between(fd: BorrowedFd<'_>, start: u64, end: u64) -> Result<u64
         // The kernel fills at most `extent_count` extents of the struct we own.
         Errno::result(unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FIEMAP, &mut req) })?;
         let mapped = (req.mapped_extents as usize).min(BATCH);
-        if mapped == 0 {
-            break;
-        }
-        let mut last = false;
-        for e in &req.extents[..mapped] {
-            let from = e.logical.max(start);
-            let to = e.logical.saturating_add(e.length).min(end);
-            total += to.saturating_sub(from);
-            at = e.logical.saturating_add(e.length);
-            last |= e.flags & FIEMAP_EXTENT_LAST != 0;
-        }
-        if last || mapped < BATCH {
-            break;
+        walk.take(&req.extents[..mapped])?;
+    }
+    Ok(walk.total)
+}
+
+/// The extents of `[start, end)` read one batch after another.
+struct Walk {
+    start: u64,
+    end: u64,
+    /// Where the next batch starts; `None` once the range is done.
+    at: Option<u64>,
+    total: u64,
+}
+
+impl Walk {
+    fn new(start: u64, end: u64) -> Walk {
+        Walk {
+            start,
+            end,
+            at: (start < end).then_some(start),
+            total: 0,
         }
     }
-    Ok(total)
+
+    fn next_start(&self) -> Option<u64> {
+        self.at
+    }
+
+    /// Counts a batch's extents within the range. A full batch that ends no further than
+    /// where it was asked to start cannot be paged past: btrfs, while a file has data not
+    /// yet written back, lists its extents from the file's start whatever the range asked,
+    /// and asking again from the same place gets the same batch.
+    fn take(&mut self, batch: &[Extent]) -> Result<(), Errno> {
+        let Some(at) = self.at else {
+            return Ok(());
+        };
+        let mut reached = at;
+        let mut last = false;
+        for e in batch {
+            let end = e.logical.saturating_add(e.length);
+            let (from, to) = (e.logical.max(self.start), end.min(self.end));
+            self.total += to.saturating_sub(from);
+            reached = reached.max(end);
+            last |= e.flags & FIEMAP_EXTENT_LAST != 0;
+        }
+        if last || batch.len() < BATCH || reached >= self.end {
+            self.at = None;
+            return Ok(());
+        }
+        if reached <= at {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        self.at = Some(reached);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    fn extent(logical: u64, length: u64) -> Extent {
+        Extent {
+            logical,
+            length,
+            ..Extent::default()
+        }
+    }
+
+    #[test]
+    fn a_walk_counts_only_the_range_and_pages_on() {
+        let mut walk = Walk::new(4096, 20_480);
+        let mut first: Vec<_> = (0..BATCH as u64 - 1)
+            .map(|i| extent(4096 + i * 128, 128))
+            .collect();
+        first.push(extent(8192, 4096));
+        walk.take(&first).unwrap();
+        assert_eq!(
+            walk.next_start(),
+            Some(12_288),
+            "a full batch pages on from its end"
+        );
+        walk.take(&[extent(16_384, 8192)]).unwrap();
+        assert_eq!(walk.next_start(), None);
+        let want = 31 * 128 + 4096 + 4096;
+        assert_eq!(walk.total, want, "only what lies in the range counts");
+    }
+
+    #[test]
+    fn a_batch_that_lists_from_the_files_start_is_refused_not_asked_again() {
+        // btrfs with delayed allocation: 32 extents before the range, asked from its start.
+        let mut walk = Walk::new(1 << 30, (1 << 30) + 4096);
+        let before: Vec<_> = (0..BATCH as u64).map(|i| extent(i << 20, 4096)).collect();
+        assert_eq!(walk.take(&before), Err(Errno::EOPNOTSUPP));
+    }
 
     #[test]
     fn counts_written_and_preallocated_extents_not_holes() {

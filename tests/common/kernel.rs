@@ -176,6 +176,21 @@ impl LocalFs {
         self.mounted(local);
     }
 
+    /// A fresh btrfs of `mib` MiB (at least 114, btrfs's smallest) in an image file beside
+    /// `local`, loop-mounted.
+    pub fn btrfs(&mut self, local: &Path, mib: u64) {
+        let image = local.with_file_name("local.btrfs");
+        let f = fs::File::create(&image).unwrap();
+        f.set_len(mib << 20).unwrap();
+        drop(f);
+        run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image));
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(local));
+        self.mounted(local);
+    }
+
     fn mounted(&mut self, local: &Path) {
         self.local = Some(local.to_owned());
         fs::set_permissions(local, fs::Permissions::from_mode(0o755)).unwrap();
