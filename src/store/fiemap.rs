@@ -63,7 +63,6 @@ pub fn allocated_between(fd: BorrowedFd<'_>, start: u64, end: u64) -> Result<u64
 
 /// The extents of `[start, end)` read one batch after another.
 struct Walk {
-    start: u64,
     end: u64,
     /// Where the next batch starts; `None` once the range is done.
     at: Option<u64>,
@@ -73,7 +72,6 @@ struct Walk {
 impl Walk {
     fn new(start: u64, end: u64) -> Walk {
         Walk {
-            start,
             end,
             at: (start < end).then_some(start),
             total: 0,
@@ -84,10 +82,11 @@ impl Walk {
         self.at
     }
 
-    /// Counts a batch's extents within the range. A full batch that ends no further than
-    /// where it was asked to start cannot be paged past: btrfs, while a file has data not
-    /// yet written back, lists its extents from the file's start whatever the range asked,
-    /// and asking again from the same place gets the same batch.
+    /// Counts a batch's extents within the range, from where the batch was asked to start
+    /// (what lies before was counted from earlier batches). A full batch that ends no
+    /// further than where it was asked to start cannot be paged past: btrfs, while a file
+    /// has data not yet written back, lists its extents from the file's start whatever the
+    /// range asked, and asking again from the same place gets the same batch.
     fn take(&mut self, batch: &[Extent]) -> Result<(), Errno> {
         let Some(at) = self.at else {
             return Ok(());
@@ -96,7 +95,7 @@ impl Walk {
         let mut last = false;
         for e in batch {
             let end = e.logical.saturating_add(e.length);
-            let (from, to) = (e.logical.max(self.start), end.min(self.end));
+            let (from, to) = (e.logical.max(at), end.min(self.end));
             self.total += to.saturating_sub(from);
             reached = reached.max(end);
             last |= e.flags & FIEMAP_EXTENT_LAST != 0;
@@ -143,6 +142,18 @@ mod tests {
         assert_eq!(walk.next_start(), None);
         let want = 31 * 128 + 4096 + 4096;
         assert_eq!(walk.total, want, "only what lies in the range counts");
+    }
+
+    #[test]
+    fn a_later_batch_counts_nothing_twice() {
+        let mut walk = Walk::new(0, 1 << 20);
+        let first: Vec<_> = (0..BATCH as u64).map(|i| extent(i * 8192, 4096)).collect();
+        walk.take(&first).unwrap();
+        let at = walk.next_start().unwrap();
+        // The next batch lists the previous one's last extent again, and one more.
+        walk.take(&[extent(at - 4096, 4096), extent(at + 4096, 4096)])
+            .unwrap();
+        assert_eq!(walk.total, (BATCH as u64 + 1) * 4096);
     }
 
     #[test]
