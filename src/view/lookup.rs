@@ -36,47 +36,30 @@ impl View {
         index: &IndexOnce,
         probe: Probe,
     ) -> Result<Found, Errno> {
-        match self.resolve_local(parent, c, probe)? {
+        let fds = parent.dir_fds();
+        match resolve_local(parent, &fds, c, probe)? {
             InLocal::Object(fd, st) => Ok(Found::Local { fd, st }),
             InLocal::Whiteout => Err(Errno::ENOENT),
-            InLocal::Nothing => self.resolve_below(parent, name, c, index, probe),
+            InLocal::Nothing => self.resolve_below(parent, &fds, name, c, index, probe),
         }
     }
 
-    /// What local's part of `parent` holds of `name`.
-    pub(super) fn resolve_local(
-        &self,
-        parent: &Node,
-        c: &CStr,
-        probe: Probe,
-    ) -> Result<InLocal, Errno> {
-        let fds = parent.dir_fds();
-        let Some(local) = fds.local() else {
-            return Ok(InLocal::Nothing);
-        };
-        Ok(match probe_entry(local, c, probe)? {
-            Some((_, st)) if marker::hides(parent.zone, local, c, &st) => InLocal::Whiteout,
-            Some((fd, st)) => InLocal::Object(fd, st),
-            None => InLocal::Nothing,
-        })
-    }
-
-    /// What shows of `name` in `parent` where local holds nothing of it: a synthesized
-    /// link, the remote's entry, or the layout's skeleton.
+    /// What shows of `name` in `parent` (whose directories are `fds`) where local holds
+    /// nothing of it: a synthesized link, the remote's entry, or the layout's skeleton.
     pub(super) fn resolve_below(
         &self,
         parent: &Node,
+        fds: &DirFds,
         name: &OsStr,
         c: &CStr,
         index: &IndexOnce,
         probe: Probe,
     ) -> Result<Found, Errno> {
-        let fds = parent.dir_fds();
         let index = index.get();
         if let Some(target) = self.layout.virtual_link(parent.zone, name, index) {
             return Ok(Found::VirtualLink(target));
         }
-        if let Some((fd, st)) = self.remote_entry(parent, &fds, name, c, index, probe)? {
+        if let Some((fd, st)) = self.remote_entry(parent, fds, name, c, index, probe)? {
             return Ok(Found::Remote { fd, st });
         }
         if self.layout.is_skeleton(parent.zone, name) {
@@ -426,4 +409,21 @@ pub(super) enum InLocal {
     /// A whiteout: nothing of the name below shows.
     Whiteout,
     Nothing,
+}
+
+/// What local's part of `parent` (whose directories are `fds`) holds of the name `c`.
+pub(super) fn resolve_local(
+    parent: &Node,
+    fds: &DirFds,
+    c: &CStr,
+    probe: Probe,
+) -> Result<InLocal, Errno> {
+    let Some(local) = fds.local() else {
+        return Ok(InLocal::Nothing);
+    };
+    Ok(match probe_entry(local, c, probe)? {
+        Some((_, st)) if marker::hides(parent.zone, local, c, &st) => InLocal::Whiteout,
+        Some((fd, st)) => InLocal::Object(fd, st),
+        None => InLocal::Nothing,
+    })
 }

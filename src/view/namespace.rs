@@ -17,7 +17,7 @@ use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::{Gid, Uid};
 
 use super::copyup::Room;
-use super::lookup::InLocal;
+use super::lookup::{resolve_local, InLocal};
 use super::names::temp_name;
 use super::node::{Layer, Node};
 use super::{marker, names, view_name, Caller, Entry, Found, IndexOnce, Probe, Stat, View};
@@ -424,14 +424,17 @@ impl View {
         // One probe of local tells both whether the name is taken and whether the new
         // entry replaces a whiteout: the kernel holds `parent` locked, so neither changes
         // before the entry is made.
-        let whiteout = match self.resolve_local(parent, &c, Probe::Stat)? {
+        let fds = parent.dir_fds();
+        let whiteout = match resolve_local(parent, &fds, &c, Probe::Stat)? {
             InLocal::Object(..) => return Err(Errno::EEXIST),
             InLocal::Whiteout => true,
-            InLocal::Nothing => match self.resolve_below(parent, name, &c, &index, Probe::Stat) {
-                Ok(_) => return Err(Errno::EEXIST),
-                Err(Errno::ENOENT) => false,
-                Err(e) => return Err(e),
-            },
+            InLocal::Nothing => {
+                match self.resolve_below(parent, &fds, name, &c, &index, Probe::Stat) {
+                    Ok(_) => return Err(Errno::EEXIST),
+                    Err(Errno::ENOENT) => false,
+                    Err(e) => return Err(e),
+                }
+            }
         };
         let dir = self.ensure_local_dir(parent)?;
         let dir = dir.as_fd();
