@@ -212,16 +212,14 @@ RESULTS="$RUN/results.txt"
 # ---------------------------------------------------------------- targets
 # remember the pid of the FUSE daemon serving MNT (its command line ends with MNT), so that
 # cleanup can stop it if it outlives its mount
+# remember_daemon MOUNTPOINT: the newest process serving it is killed on exit if still there;
+# all of them (a kept layerfs mount has its keeper beside its daemon) are whose CPU time the
+# metadata workload counts (SERVERS, comma-separated).
 remember_daemon() {
     local pid
     pid=$(pgrep -n -f -- " $1\$" || true)
     if [ -n "$pid" ]; then DAEMON_PIDS+=("$pid"); fi
-}
-
-# serving_pids MOUNTPOINT: the processes serving a FUSE mount (a kept layerfs mount has its
-# keeper beside its daemon), comma-separated.
-serving_pids() {
-    pgrep -f -- " $1\$" | paste -sd, -
+    SERVERS=$(pgrep -f -- " $1\$" | paste -sd, -)
 }
 
 # mount_target NAME: mount it (if it is a mount) and set ROOT to the root of the target, where
@@ -258,7 +256,6 @@ mount_target() {
         fi
         grep -v '^unknown argument ignored: lazytime$' "$d/mount.err" >&2 || true
         remember_daemon "$mnt"
-        SERVERS=$(serving_pids "$mnt")
         ;;
     layerfs|layerfs-uring)
         # A fresh local each round; the metrics endpoint counts the requests per workload.
@@ -274,7 +271,6 @@ mount_target() {
             || die "layerfs mount failed: $LAYERFS mount --remote $REMOTE --local $d/local -o allow_other $mnt"
         remember_daemon "$mnt"
         COUNTS=$METRICS
-        SERVERS=$(serving_pids "$mnt")
         ;;
     fuse-floor|fuse-floor-uring)
         # Served in the foreground until unmounted; as many threads as layerfs has.
