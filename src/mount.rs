@@ -96,7 +96,7 @@ fn serve_on(
         })?;
     // Refusing to mount beats serving without the limits an operator set.
     let roots = view
-        .load_quotas(config.quota_errno)
+        .load_quotas(config.quota_errno, config.quota_backend)
         .map_err(|source| Error::Quota {
             local: config.local.clone(),
             source,

@@ -156,6 +156,9 @@ pub struct QuotaInfo {
     /// Inodes allowed, when an inode limit is set.
     pub inode_limit: Option<u64>,
     pub inodes_used: u64,
+    /// Who enforces the limit: `fuse` (the daemon) or `btrfs` (the kernel, through the
+    /// qgroup of the subvolume the directory is).
+    pub backend: String,
 }
 
 /// A quota question, as a mount answers it.

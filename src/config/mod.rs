@@ -52,6 +52,8 @@ pub struct MountConfig {
     /// What allocations over a quota fail with: `ENOSPC` (as XFS project quotas and
     /// block-backed layers do) or `EDQUOT`.
     pub quota_errno: nix::errno::Errno,
+    /// Who enforces new quota roots: btrfs where it can, the daemon (FUSE), or btrfs only.
+    pub quota_backend: crate::quota::kernel::Choice,
     /// Where Prometheus metrics are served; `None` = not served.
     pub metrics: Option<std::net::SocketAddr>,
     /// A directory on a regular filesystem the view's layout dirs are bind-mounted into.
@@ -93,6 +95,7 @@ impl Default for MountConfig {
             scan_timeout: Duration::from_secs(30),
             hide_unhealthy: false,
             quota_errno: nix::errno::Errno::ENOSPC,
+            quota_backend: crate::quota::kernel::Choice::Auto,
             inotify: true,
             metrics: None,
             expose_into: None,
@@ -383,6 +386,19 @@ mod tests {
             let err = c.apply_options(opt).unwrap_err().to_string();
             assert!(err.contains(needle), "{opt}: {err}");
         }
+    }
+
+    #[test]
+    fn quota_backend_option() {
+        use crate::quota::kernel::Choice;
+        let mut c = MountConfig::default();
+        assert_eq!(c.quota_backend, Choice::Auto);
+        c.apply_options("quota_backend=btrfs").unwrap();
+        assert_eq!(c.quota_backend, Choice::Btrfs);
+        c.apply_options("quota-backend=FUSE").unwrap();
+        assert_eq!(c.quota_backend, Choice::Fuse);
+        let err = c.apply_options("quota_backend=xfs").unwrap_err().to_string();
+        assert!(err.contains("quota_backend=xfs"), "{err}");
     }
 
     #[test]

@@ -372,9 +372,26 @@ pub const OPTIONS: &[MountOption] = &[
         },
     },
     MountOption {
+        usage: "quota_backend=auto|fuse|btrfs",
+        flag: None,
+        meaning: "who enforces new quota roots: btrfs (a subvolume with a qgroup limit; files \
+                  keep passthrough; EDQUOT at the limit), or the daemon (fuse; any filesystem, \
+                  inode limits); auto is btrfs where local is on btrfs and no inode limit is \
+                  asked",
+        default: "auto",
+        keys: &["quota_backend", "quota-backend"],
+        takes_value: true,
+        apply: |c, g| {
+            c.quota_backend = crate::quota::kernel::Choice::parse(g.value)
+                .ok_or_else(|| g.bad("must be 'auto', 'fuse' or 'btrfs'"))?;
+            Ok(())
+        },
+    },
+    MountOption {
         usage: "quota_errno=enospc|edquot",
         flag: None,
-        meaning: "what a write over a quota fails with",
+        meaning: "what a write over a quota enforced by the daemon (quota_backend=fuse) fails \
+                  with; btrfs quotas fail with EDQUOT",
         default: "enospc",
         keys: &["quota_errno", "quota-errno"],
         takes_value: true,

@@ -143,17 +143,20 @@ impl Ledger {
         let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         // A removed quota root takes its quota with it.
         if is_dir && self.quotas.root(st.st_dev, st.st_ino).is_some() {
-            let snapshot = {
+            let (removed, snapshot) = {
                 let mut changes = self.quotas.lock_changes();
-                self.quotas.remove(st.st_dev, st.st_ino);
-                self.snapshot(&mut changes)
+                let removed = self.quotas.remove(st.st_dev, st.st_ino);
+                (removed, self.snapshot(&mut changes))
             };
             if let Err(e) = self.write(snapshot) {
                 warn!(error = %e, "a removed quota root stays in the registry");
             }
+            if removed.is_some_and(|r| r.by_kernel()) {
+                self.removed_subvolume();
+            }
             return;
         }
-        let Some(root) = &from.0 else {
+        let Some(root) = from.0.as_ref().filter(|r| !r.by_kernel()) else {
             return;
         };
         if !is_dir && st.st_nlink > 1 {
@@ -234,6 +237,10 @@ impl Ledger {
         let from = self.root_of(from_dir);
         if Under(from.clone()) == Under(to.clone()) {
             return Ok(None);
+        }
+        // A btrfs root is a subvolume of its own, which no rename crosses.
+        if from.iter().chain(&to).any(|r| r.by_kernel()) {
+            return Err(Errno::EXDEV);
         }
         let passthrough = || obj.tally(|_, opens| opens.passthrough > 0);
         if obj.is_dir() || (to.is_some() && passthrough()) {

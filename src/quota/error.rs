@@ -21,6 +21,13 @@ pub enum QuotaError {
          count; close it, or set quotas before files are opened"
     )]
     Busy { path: String, file: String },
+    #[error(
+        "{file} is open, and would go on writing into the tree that {path} loses when it \
+         becomes a btrfs subvolume for its quota; close it first"
+    )]
+    InUse { path: String, file: String },
+    #[error("{path}: {reason}")]
+    Backend { path: String, reason: String },
     #[error(transparent)]
     Size(#[from] SizeError),
     #[error("saving the quota registry: {0}")]
@@ -32,11 +39,14 @@ impl QuotaError {
     pub fn errno(&self) -> Errno {
         match self {
             QuotaError::Sys { source, .. } => *source,
-            QuotaError::Inside { .. } | QuotaError::Contains { .. } | QuotaError::Busy { .. } => {
+            QuotaError::Inside { .. }
+            | QuotaError::Contains { .. }
+            | QuotaError::Busy { .. }
+            | QuotaError::InUse { .. } => {
                 Errno::EBUSY
             }
             QuotaError::NotRoot { .. } => Errno::ENODATA,
-            QuotaError::Size(_) => Errno::EINVAL,
+            QuotaError::Size(_) | QuotaError::Backend { .. } => Errno::EINVAL,
             QuotaError::Save(_) => Errno::EIO,
         }
     }

@@ -29,7 +29,8 @@ const INLINE_TARGET: usize = 60;
 impl Ledger {
     /// See [`super::Accounting::reserve`].
     pub(super) fn set_aside(&self, under: &Under, need: Need<'_>) -> Result<Reserved, Errno> {
-        let Some(root) = &under.0 else {
+        // The kernel enforces its roots on the allocations themselves.
+        let Some(root) = under.0.as_ref().filter(|r| !r.by_kernel()) else {
             let granted = match need {
                 Need::Write { len, .. } => len,
                 _ => 0,

@@ -7,10 +7,11 @@ use nix::errno::Errno;
 use parking_lot::Mutex;
 
 use super::error::QuotaError;
+use super::kernel::{Btrfs, Choice};
 use super::restore;
 use super::scan::block_size;
 use super::seam::{Accounting, Charge, Charged, Gone, Move, Need, Object, Reserved, Under};
-use super::table::{Limit, Quotas};
+use super::table::{Limit, QuotaRoot, Quotas};
 use crate::report::QuotaInfo;
 
 /// The quota roots of a mount over the local tree, with their registry in it.
@@ -28,6 +29,10 @@ pub struct Ledger {
     /// root as the last left it: two clears at once would both succeed, and a limit
     /// changed on a root another call is still setting (or clearing) could be lost.
     pub(super) settling: Mutex<()>,
+    /// Which backend new roots get.
+    pub(super) choice: Choice,
+    /// btrfs's quotas, when local is on btrfs.
+    pub(super) btrfs: Option<Btrfs>,
 }
 
 impl Ledger {
@@ -36,20 +41,38 @@ impl Ledger {
     pub fn new(local: Arc<OwnedFd>, local_st: &libc::stat) -> Ledger {
         Ledger {
             quotas: Quotas::new(Errno::ENOSPC),
-            local,
             block: block_size(local_st),
             written: Mutex::new(0),
             settling: Mutex::new(()),
+            choice: Choice::Auto,
+            btrfs: Btrfs::of(local.as_fd()),
+            local,
         }
     }
 
     /// Loads the roots from the registry in local and recounts their usage from disk, so
     /// that a crash (whose last counts were never saved) leaves nothing wrong; before the
     /// mount is served. `errno` is what allocations over a limit fail with, `ENOSPC` or
-    /// `EDQUOT`. Returns how many roots there are.
-    pub fn load(&mut self, errno: Errno) -> Result<usize, QuotaError> {
+    /// `EDQUOT` (with the FUSE backend); `choice` the backend new roots get. Returns how
+    /// many roots there are.
+    pub fn load(&mut self, errno: Errno, choice: Choice) -> Result<usize, QuotaError> {
         self.quotas = Quotas::new(errno);
-        restore::load(&self.quotas, self.local.as_fd())
+        self.choice = choice;
+        restore::load(&self.quotas, self.local.as_fd(), self.btrfs.as_ref())
+    }
+
+    /// The btrfs subvolumes of the roots the kernel enforces: device and subvolume id.
+    pub fn subvolumes(&self) -> Vec<(u64, u64)> {
+        self.quotas
+            .list()
+            .iter()
+            .filter_map(|r| Some((r.dev, r.subvolume()?)))
+            .collect()
+    }
+
+    /// A root as users see it, with its usage as its backend counts it.
+    pub(super) fn describe(&self, root: &QuotaRoot) -> QuotaInfo {
+        root.info(self.usage_of(root))
     }
 }
 
@@ -63,7 +86,7 @@ impl<O: Object> Accounting<O> for Ledger {
     }
 
     fn charge(&self, under: &Under, change: Charge<'_, O>) -> Charged {
-        let Some(root) = &under.0 else {
+        let Some(root) = under.0.as_ref().filter(|r| !r.by_kernel()) else {
             if let Charge::Moved { plan, .. } = change {
                 plan.commit();
             }
@@ -88,7 +111,7 @@ impl<O: Object> Accounting<O> for Ledger {
         let Some(root) = &under.0 else {
             return st;
         };
-        let (limit, usage) = (root.limit(), root.usage());
+        let (limit, usage) = (root.limit(), self.usage_of(root));
         // statvfs counts are 64-bit on every target layerfs builds for.
         let unit = st.f_frsize.max(1);
         let free = (limit.bytes.saturating_sub(usage.bytes) / unit).min(st.f_bavail);
@@ -105,7 +128,8 @@ impl<O: Object> Accounting<O> for Ledger {
     }
 
     fn may_passthrough(&self, obj: &Arc<O>) -> bool {
-        self.root_of(obj).is_none()
+        // The kernel counts what passthrough writes, for a root it enforces.
+        self.root_of(obj).is_none_or(|root| root.by_kernel())
     }
 
     fn plan_move(
@@ -123,17 +147,18 @@ impl<O: Object> Accounting<O> for Ledger {
     }
 
     fn root(&self, dir: &O) -> Option<QuotaInfo> {
-        self.own_root(dir).map(|r| r.info())
+        self.own_root(dir).map(|r| self.describe(&r))
     }
 
     fn set(
         &self,
         dir: &Arc<O>,
         local: impl FnOnce() -> Result<Arc<OwnedFd>, Errno>,
+        subvolume: impl FnOnce() -> Result<Arc<OwnedFd>, QuotaError>,
         limit: Limit,
         live: impl FnOnce() -> Vec<Arc<O>>,
     ) -> Result<QuotaInfo, QuotaError> {
-        self.set_root(dir, local, limit, live)
+        self.set_root(dir, local, subvolume, limit, live)
     }
 
     fn clear(&self, dir: &O) -> Result<QuotaInfo, QuotaError> {
@@ -141,6 +166,6 @@ impl<O: Object> Accounting<O> for Ledger {
     }
 
     fn list(&self) -> Vec<QuotaInfo> {
-        self.quotas.list().iter().map(|r| r.info()).collect()
+        self.quotas.list().iter().map(|r| self.describe(r)).collect()
     }
 }

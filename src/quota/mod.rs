@@ -12,6 +12,8 @@
 //! - `table`: the live quota roots of a mount, their limits and usage, and the
 //!   reservations calls take against them.
 //! - `roots`: setting and clearing roots, and their registry saved and loaded.
+//! - [`kernel`]: roots the kernel enforces (btrfs subvolumes with a qgroup limit), which
+//!   the data path leaves alone.
 //! - `persist`: the registry of quota roots kept in local.
 //! - `scan`: usage recomputed from local at mount (and when a quota is set), so that a
 //!   crash never leaves it wrong.
@@ -42,6 +44,7 @@
 mod charge;
 mod error;
 mod io;
+pub mod kernel;
 mod ledger;
 mod persist;
 mod restore;

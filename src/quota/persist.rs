@@ -14,6 +14,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
+use super::kernel::Backend;
 use crate::store;
 
 /// The registry's name in local's root (the view hides it: `store::reserved::REGISTRY_NAME`).
@@ -46,6 +47,8 @@ pub struct Entry {
     /// Usage when saved.
     pub used: u64,
     pub inodes_used: u64,
+    /// Who enforces the limit; registries from before kernel quotas say nothing: `fuse`.
+    pub backend: Backend,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +128,7 @@ mod tests {
                 inode_limit: Some(10),
                 used: 4096,
                 inodes_used: 1,
+                backend: Backend::Btrfs,
             }],
         };
         save(local.as_fd(), &registry).unwrap();

@@ -2,6 +2,8 @@
 //! root's usage is recounted from disk.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use nix::fcntl::OFlag;
 use std::path::{Component, Path};
 use std::sync::Arc;
 
@@ -11,7 +13,8 @@ use tracing::{info, warn};
 use super::error::QuotaError;
 use super::persist::{self, Registry};
 use super::scan;
-use super::table::{Limit, QuotaRoot, Quotas};
+use super::kernel::{Backend, Btrfs};
+use super::table::{Limit, QuotaRoot, Quotas, Usage};
 use crate::store;
 
 /// The registry of `quotas`.
@@ -30,6 +33,7 @@ pub(super) fn registry_of(quotas: &Quotas) -> Registry {
                     inode_limit: limit.inodes,
                     used: usage.bytes,
                     inodes_used: usage.inodes,
+                    backend: r.backend(),
                 }
             })
             .collect(),
@@ -41,16 +45,28 @@ pub(super) fn registry_of(quotas: &Quotas) -> Registry {
 /// wrong. A root whose directory is gone loses its quota, with a warning; one that cannot
 /// be counted for another reason (`EMFILE`, `EIO`) fails the load and keeps its quota.
 /// Returns how many roots there are.
-pub(super) fn load(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<usize, QuotaError> {
+pub(super) fn load(
+    quotas: &Quotas,
+    local: BorrowedFd<'_>,
+    btrfs: Option<&Btrfs>,
+) -> Result<usize, QuotaError> {
     let registry = persist::load(local)?;
     let mut dropped = false;
     for entry in &registry.roots {
         let shown = entry.path.display().to_string();
         let found = open_local_dir(local, &entry.path).and_then(|fd| {
+            let kernel = match entry.backend {
+                Backend::Btrfs => kernel_root(fd.as_fd(), entry, btrfs),
+                Backend::Fuse => None,
+            };
             let st = store::stat_fd(fd.as_fd())?;
-            Ok((st, scan::usage(fd.as_fd())?))
+            let usage = match kernel {
+                Some(_) => Usage::default(),
+                None => scan::usage(fd.as_fd())?,
+            };
+            Ok((st, usage, kernel))
         });
-        let (st, usage) = match found {
+        let (st, usage, kernel) = match found {
             Ok(found) => found,
             // Not a directory any more: a symbolic link (`O_NOFOLLOW`) or another file.
             Err(e @ (Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP)) => {
@@ -65,7 +81,7 @@ pub(super) fn load(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<usize, Quot
                 })
             }
         };
-        if usage.bytes != entry.used || usage.inodes != entry.inodes_used {
+        if kernel.is_none() && (usage.bytes != entry.used || usage.inodes != entry.inodes_used) {
             info!(
                 path = %shown,
                 saved = entry.used,
@@ -73,7 +89,7 @@ pub(super) fn load(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<usize, Quot
                 "quota usage recounted from disk"
             );
         }
-        quotas.insert(Arc::new(QuotaRoot::new(
+        let mut root = QuotaRoot::new(
             st.st_dev,
             st.st_ino,
             entry.path.clone(),
@@ -83,12 +99,69 @@ pub(super) fn load(quotas: &Quotas, local: BorrowedFd<'_>) -> Result<usize, Quot
             },
             usage,
             quotas.errno(),
-        )));
+        );
+        if let Some(id) = kernel {
+            root = root.enforced_by_btrfs(id);
+        }
+        dropped |= entry.backend != root.backend();
+        quotas.insert(Arc::new(root));
     }
     if dropped {
         persist::save(local, &registry_of(quotas))?;
     }
     Ok(quotas.list().len())
+}
+
+/// The subvolume of a root saved as enforced by btrfs, with the saved limit in force
+/// again (the registry is what was asked for; the qgroup may have been changed by hand,
+/// or lost with its subvolume). None when the directory is no subvolume any more (it was
+/// replaced by hand), or btrfs refuses: the FUSE backend then enforces the limit rather
+/// than nothing.
+fn kernel_root(dir: BorrowedFd<'_>, entry: &persist::Entry, btrfs: Option<&Btrfs>) -> Option<u64> {
+    let shown = entry.path.display();
+    let fallback = |why: &dyn std::fmt::Display| {
+        warn!(path = %shown, reason = %why, "a btrfs quota root is enforced by the FUSE backend instead");
+        None
+    };
+    let Some(btrfs) = btrfs else {
+        return fallback(&"local is not on btrfs any more");
+    };
+    finish_conversion(dir, entry);
+    let st = store::stat_fd(dir).ok()?;
+    if !store::btrfs::is_subvolume(&st) {
+        return fallback(&"its directory is not a subvolume any more");
+    }
+    let subvolume = store::reopen(dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+        .and_then(|fd| store::btrfs::subvolume_id(fd.as_fd()));
+    let subvolume = match subvolume {
+        Ok(id) => id,
+        Err(e) => return fallback(&e),
+    };
+    match btrfs.limit(subvolume, Some(entry.limit)) {
+        Ok(()) => Some(subvolume),
+        Err(e) => fallback(&e),
+    }
+}
+
+/// Removes what the conversion of a root's directory into a subvolume left when the daemon
+/// stopped: the tree it replaced, or a copy that never took its place.
+fn finish_conversion(dir: BorrowedFd<'_>, entry: &persist::Entry) {
+    let shown = entry.path.display();
+    let Some(name) = entry.path.file_name() else {
+        return;
+    };
+    let parent = store::cname(name).and_then(|name| {
+        let parent = store::open_at(dir, c"..", OFlag::O_PATH | OFlag::O_DIRECTORY, 0)?;
+        Ok((parent, name))
+    });
+    let found = parent.and_then(|(parent, name)| {
+        store::subvolume::finish(parent.as_fd(), &store::subvolume::temp_for(&name))
+    });
+    match found {
+        Ok(store::subvolume::Leftover::Nothing) => {}
+        Ok(found) => info!(path = %shown, ?found, "removed what an interrupted conversion left"),
+        Err(e) => warn!(path = %shown, error = %e, "what an interrupted conversion left stays"),
+    }
 }
 
 /// Opens a directory of local by its relative path, never following a symlink.

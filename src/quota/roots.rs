@@ -9,6 +9,7 @@ use nix::errno::Errno;
 use tracing::{info, warn};
 
 use super::error::QuotaError;
+use super::kernel::no_inode_limits;
 use super::ledger::Ledger;
 use super::persist::{self, Registry};
 use super::restore::registry_of;
@@ -16,7 +17,7 @@ use super::scan;
 use super::seam::Object;
 use super::table::{Limit, QuotaRoot};
 use crate::report::QuotaInfo;
-use crate::store;
+use crate::store::{self, btrfs};
 
 /// The attribute through which a runtime sets a directory's quota without our CLI.
 pub const QUOTA_XATTR: &[u8] = b"user.layerfs.quota";
@@ -27,6 +28,7 @@ impl Ledger {
         &self,
         dir: &Arc<O>,
         local: impl FnOnce() -> Result<Arc<OwnedFd>, Errno>,
+        subvolume: impl FnOnce() -> Result<Arc<OwnedFd>, QuotaError>,
         limit: Limit,
         live: impl FnOnce() -> Vec<Arc<O>>,
     ) -> Result<QuotaInfo, QuotaError> {
@@ -40,73 +42,145 @@ impl Ledger {
             return Err(sys(Errno::ENOTDIR));
         }
         let _settling = self.settling.lock();
-        let local = local().map_err(sys)?;
-        let st = store::stat_fd(local.as_fd()).map_err(sys)?;
-        let root = {
+        let mut local = local().map_err(sys)?;
+        {
             let changes = self.quotas.lock_changes();
             if let Some(root) = self.own_root(&**dir) {
                 drop(changes);
-                let old = std::cell::Cell::new(limit);
-                self.save_change(
-                    || old.set(root.set_limit(limit)),
-                    || {
-                        if root.limit() == limit {
-                            root.set_limit(old.get());
-                        }
-                    },
-                )?;
-                info!(path = %shown, limit = limit.bytes, "quota changed");
-                return Ok(root.info());
+                return self.change_limit(&root, limit, &shown);
             }
-            if let Some(above) = dir.parent().and_then(|p| self.root_of(&p)) {
-                return Err(QuotaError::Inside {
-                    path: shown,
-                    root: above.path().display().to_string(),
-                });
+            self.check_nesting(dir, &path, &shown)?;
+        }
+        let by_btrfs = self.wants_btrfs(local.as_fd(), limit, &shown)?;
+        if by_btrfs && !btrfs::is_subvolume(&store::stat_fd(local.as_fd()).map_err(sys)?) {
+            // Converted with no lock held: only other settings and clearings wait for it.
+            local = subvolume()?;
+        }
+        let st = store::stat_fd(local.as_fd()).map_err(sys)?;
+        let kernel = match by_btrfs {
+            true => Some(self.limit_subvolume(local.as_fd(), limit, &shown)?),
+            false => None,
+        };
+        let unlimit = |root: &QuotaRoot| {
+            if let Err(e) = self.kernel_limit(root, None) {
+                warn!(path = %shown, error = %e, "a btrfs limit stays on a directory that is no quota root");
             }
-            if let Some(below) = self.quotas.roots_under(&path).first() {
-                return Err(QuotaError::Contains {
-                    path: shown,
-                    root: below.path().display().to_string(),
-                });
-            }
-            let root = Arc::new(QuotaRoot::new(
+        };
+        let root = {
+            let changes = self.quotas.lock_changes();
+            let mut root = QuotaRoot::new(
                 st.st_dev,
                 st.st_ino,
                 path.clone(),
                 limit,
                 Default::default(),
                 self.quotas.errno(),
-            ));
+            );
+            if let Some(id) = kernel {
+                root = root.enforced_by_btrfs(id);
+            }
+            // A rename may have nested it meanwhile.
+            if let Err(e) = self.check_nesting(dir, &path, &shown) {
+                drop(changes);
+                unlimit(&root);
+                return Err(e);
+            }
             // Listed once its usage is counted and saved: a registry another change saves
             // meanwhile must not carry a root this call may still withdraw.
             root.set_listed(false);
+            let root = Arc::new(root);
             self.quotas.insert(root.clone());
             root
         };
         let withdraw = |e: QuotaError| {
-            let _changes = self.quotas.lock_changes();
-            self.quotas.remove(st.st_dev, st.st_ino);
+            {
+                let _changes = self.quotas.lock_changes();
+                self.quotas.remove(st.st_dev, st.st_ino);
+            }
+            unlimit(&root);
             e
         };
-        // Writes that bypass the daemon could not be counted.
-        if let Some(file) = passthrough_open_under(live(), &path) {
-            return Err(withdraw(QuotaError::Busy {
-                path: shown,
-                file: file.display().to_string(),
-            }));
+        if !root.by_kernel() {
+            // Writes that bypass the daemon could not be counted.
+            if let Some(file) = passthrough_open_under(live(), &path) {
+                return Err(withdraw(QuotaError::Busy {
+                    path: shown.clone(),
+                    file: file.display().to_string(),
+                }));
+            }
+            let usage = scan::usage(local.as_fd()).map_err(|e| withdraw(sys(e)))?;
+            root.charge(usage.bytes as i64);
+            root.charge_inodes(usage.inodes as i64);
         }
-        let usage = scan::usage(local.as_fd()).map_err(|e| withdraw(sys(e)))?;
-        root.charge(usage.bytes as i64);
-        root.charge_inodes(usage.inodes as i64);
         self.save_change(
             || root.set_listed(true),
             || {
                 self.quotas.remove(st.st_dev, st.st_ino);
             },
-        )?;
-        info!(path = %shown, limit = limit.bytes, used = usage.bytes, "quota set");
-        Ok(root.info())
+        )
+        .map_err(|e| {
+            unlimit(&root);
+            e
+        })?;
+        let info = self.describe(&root);
+        info!(path = %shown, limit = limit.bytes, used = info.used, backend = %info.backend, "quota set");
+        Ok(info)
+    }
+
+    /// A new limit for an existing root.
+    fn change_limit(
+        &self,
+        root: &QuotaRoot,
+        limit: Limit,
+        shown: &str,
+    ) -> Result<QuotaInfo, QuotaError> {
+        if root.by_kernel() && limit.inodes.is_some() {
+            return Err(no_inode_limits(shown));
+        }
+        let before = root.limit();
+        self.kernel_limit(root, Some(limit.bytes))
+            .map_err(|source| QuotaError::Sys {
+                path: shown.to_owned(),
+                source,
+            })?;
+        let old = std::cell::Cell::new(limit);
+        let saved = self.save_change(
+            || old.set(root.set_limit(limit)),
+            || {
+                if root.limit() == limit {
+                    root.set_limit(old.get());
+                }
+            },
+        );
+        if let Err(e) = saved {
+            let _ = self.kernel_limit(root, Some(before.bytes));
+            return Err(e);
+        }
+        info!(path = %shown, limit = limit.bytes, "quota changed");
+        Ok(self.describe(root))
+    }
+
+    /// Quota roots do not nest: `dir` (at `path`) may be neither inside nor above one.
+    /// Under the change lock.
+    fn check_nesting<O: Object>(
+        &self,
+        dir: &Arc<O>,
+        path: &Path,
+        shown: &str,
+    ) -> Result<(), QuotaError> {
+        if let Some(above) = dir.parent().and_then(|p| self.root_of(&p)) {
+            return Err(QuotaError::Inside {
+                path: shown.to_owned(),
+                root: above.path().display().to_string(),
+            });
+        }
+        if let Some(below) = self.quotas.roots_under(path).first() {
+            return Err(QuotaError::Contains {
+                path: shown.to_owned(),
+                root: below.path().display().to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// See [`super::Accounting::clear`].
@@ -118,15 +192,24 @@ impl Ledger {
             self.own_root(dir)
                 .ok_or(QuotaError::NotRoot { path: path.clone() })?
         };
+        let sys = |source| QuotaError::Sys {
+            path: path.clone(),
+            source,
+        };
+        // The subvolume stays: the directory is as it was, without its limit.
+        self.kernel_limit(&root, None).map_err(sys)?;
         // Enforced until the registry without it is on disk: writes meanwhile are
         // counted, so a root that stays (the save failed) keeps an exact usage.
-        self.save_change(|| root.set_listed(false), || root.set_listed(true))?;
+        if let Err(e) = self.save_change(|| root.set_listed(false), || root.set_listed(true)) {
+            let _ = self.kernel_limit(&root, Some(root.limit().bytes));
+            return Err(e);
+        }
         {
             let _changes = self.quotas.lock_changes();
             self.quotas.remove(root.dev, root.ino);
         }
         info!(path = %path, "quota cleared");
-        Ok(root.info())
+        Ok(self.describe(&root))
     }
 
     /// Changes the roots with `apply` and saves the registry with the change. If it cannot

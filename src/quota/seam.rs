@@ -100,8 +100,10 @@ pub trait Accounting<O: Object> {
     fn root(&self, dir: &O) -> Option<QuotaInfo>;
 
     /// Makes the directory `dir` a quota root with `limit`, or changes the limit of one;
-    /// `local` gives it a local directory when it has none yet, and `live` lists the
-    /// objects of the view, to find files open with passthrough.
+    /// `local` gives it a local directory when it has none yet, `subvolume` turns that
+    /// into a btrfs subvolume in place when the kernel is to enforce the quota (see
+    /// `kernel`) and it is not one yet, and `live` lists the objects of the view, to find
+    /// files open with passthrough.
     ///
     /// A new root is made visible before anything is checked or counted: from then on no
     /// open under it gets passthrough and every allocation is charged to it, so a writer
@@ -113,6 +115,7 @@ pub trait Accounting<O: Object> {
         &self,
         dir: &Arc<O>,
         local: impl FnOnce() -> Result<Arc<OwnedFd>, Errno>,
+        subvolume: impl FnOnce() -> Result<Arc<OwnedFd>, QuotaError>,
         limit: Limit,
         live: impl FnOnce() -> Vec<Arc<O>>,
     ) -> Result<QuotaInfo, QuotaError>;

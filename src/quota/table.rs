@@ -15,6 +15,7 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use parking_lot::{Mutex, RwLock};
 
+use super::kernel::Backend;
 use crate::report::QuotaInfo;
 
 /// No inode limit.
@@ -55,6 +56,8 @@ pub struct QuotaRoot {
     /// counted and saved) or cleared (until the registry without it is saved). It is
     /// enforced either way; see `Ledger::save_change`.
     listed: AtomicBool,
+    /// For a root the kernel enforces (see `super::kernel`): the btrfs subvolume it is.
+    subvolume: Option<u64>,
 }
 
 impl QuotaRoot {
@@ -78,6 +81,31 @@ impl QuotaRoot {
             reserved_inodes: AtomicU64::new(0),
             errno,
             listed: AtomicBool::new(true),
+            subvolume: None,
+        }
+    }
+
+    /// The root is the btrfs subvolume `id`, whose qgroup the kernel enforces its limit
+    /// with: the data path leaves it alone.
+    pub fn enforced_by_btrfs(mut self, id: u64) -> Self {
+        self.subvolume = Some(id);
+        self
+    }
+
+    /// The btrfs subvolume of a root the kernel enforces.
+    pub fn subvolume(&self) -> Option<u64> {
+        self.subvolume
+    }
+
+    /// Whether the kernel enforces this root's limit, not the daemon.
+    pub fn by_kernel(&self) -> bool {
+        self.subvolume.is_some()
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.subvolume {
+            Some(_) => Backend::Btrfs,
+            None => Backend::Fuse,
         }
     }
 
@@ -169,10 +197,11 @@ impl QuotaRoot {
         add_signed(&self.inodes, delta);
     }
 
-    pub fn info(&self) -> QuotaInfo {
+    /// Described with `usage` (see `Ledger::describe`).
+    pub fn info(&self, usage: Usage) -> QuotaInfo {
         let limit = self.limit();
-        let usage = self.usage();
         QuotaInfo {
+            backend: self.backend().name().to_owned(),
             path: self.path().to_string_lossy().into_owned(),
             limit: limit.bytes,
             used: usage.bytes,
@@ -386,7 +415,7 @@ mod tests {
         assert_eq!(r.reserve(1).unwrap_err(), Errno::ENOSPC);
         assert!(r.reserve(0).is_ok());
         assert_eq!(r.room(), 0);
-        assert_eq!(r.info().available, 0);
+        assert_eq!(r.info(r.usage()).available, 0);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! anywhere else.
 
 pub mod atime;
+pub mod btrfs;
 pub mod copy;
 pub mod creds;
 pub mod dirent;
@@ -15,6 +16,7 @@ pub mod fiemap;
 pub mod handle;
 pub mod mountinfo;
 pub mod reserved;
+pub mod subvolume;
 pub mod xattr;
 
 use std::ffi::{CStr, CString, OsStr};

@@ -38,7 +38,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use tracing::warn;
 
-use super::identity::{Identity, COUNTER_BIT, REMOTE_BIT, ROOT_INO};
+use super::identity::{is_local_number, Identity, ROOT_INO};
 use super::node::{Layer, Node};
 use super::{Entry, Stat, View};
 use crate::store::handle::{self, FsHandle};
@@ -242,7 +242,7 @@ impl View {
         if let Some(node) = self.inodes.hand_out_number(ino) {
             return self.entry_of(node);
         }
-        let entry = if ino & (REMOTE_BIT | COUNTER_BIT) == 0 {
+        let entry = if is_local_number(ino) {
             self.find_local(ino)?
         } else {
             self.find_named(ino)?
@@ -334,7 +334,7 @@ impl View {
             if names.len() >= MAX_DEPTH {
                 return Err(Errno::ENOENT);
             }
-            if at & (REMOTE_BIT | COUNTER_BIT) == 0 && !names.is_empty() {
+            if is_local_number(at) && !names.is_empty() {
                 found_above = Some(self.find_local(at)?);
                 break;
             }

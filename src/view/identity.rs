@@ -9,6 +9,17 @@ pub const ROOT_INO: u64 = 1;
 pub const REMOTE_BIT: u64 = 1 << 62;
 /// Set in numbers handed out from the counter.
 pub const COUNTER_BIT: u64 = 1 << 63;
+/// Set in the numbers of objects in the btrfs subvolumes of quota roots (see
+/// `quota::kernel`), with the subvolume's id above [`SUBVOLUME_INO_BITS`] bits of inode
+/// number: each subvolume numbers its inodes from 256 again.
+pub const SUBVOLUME_BIT: u64 = 1 << 61;
+pub const SUBVOLUME_INO_BITS: u32 = 40;
+
+/// Whether a number is an inode number of local's own filesystem, whose object the file
+/// handle records find again (see `exports`).
+pub fn is_local_number(ino: u64) -> bool {
+    ino & (REMOTE_BIT | COUNTER_BIT | SUBVOLUME_BIT) == 0
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Identity {

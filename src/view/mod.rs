@@ -55,6 +55,7 @@ pub mod refresh;
 mod rename;
 pub mod roots;
 pub mod route;
+mod subvolume;
 #[cfg(test)]
 mod tests;
 pub mod zone;

@@ -13,16 +13,27 @@ use tracing::warn;
 use super::identity::ROOT_INO;
 use super::node::Node;
 use super::{Caller, View};
+use crate::quota::kernel::Choice;
 use crate::quota::size::parse_size;
 use crate::quota::{Accounting, Limit, QuotaError, QUOTA_XATTR};
 use crate::report::{QuotaAnswer, QuotaInfo, QuotaRequest};
 
 impl View {
     /// Loads the quota roots saved in local and counts their usage, before the mount is
-    /// served; `errno` is what allocations over a limit fail with. Returns how many roots
-    /// there are.
-    pub fn load_quotas(&mut self, errno: Errno) -> Result<usize, QuotaError> {
-        self.quota.load(errno)
+    /// served; `errno` is what allocations over a limit fail with (FUSE backend), `backend`
+    /// the backend new roots get. Returns how many roots there are.
+    pub fn load_quotas(&mut self, errno: Errno, backend: Choice) -> Result<usize, QuotaError> {
+        let roots = self.quota.load(errno, backend)?;
+        self.number_subvolumes();
+        Ok(roots)
+    }
+
+    /// Tells the inode table the subvolumes of the roots btrfs enforces, whose objects it
+    /// numbers after them.
+    fn number_subvolumes(&self) {
+        for (dev, id) in self.quota.subvolumes() {
+            self.inodes.add_subvolume(dev, id);
+        }
     }
 
     /// Finds a directory of the view by its path from the mount's root, and runs `then`
@@ -94,12 +105,15 @@ impl View {
     /// Makes `node` a quota root with `limit`, or changes the limit of one (see
     /// [`Accounting::set`]).
     fn set_quota(&self, node: &Arc<Node>, limit: Limit) -> Result<QuotaInfo, QuotaError> {
-        self.quota().set(
+        let info = self.quota().set(
             node,
             || self.ensure_local_dir(node),
+            || self.make_subvolume(node),
             limit,
             || self.inodes.live(),
-        )
+        )?;
+        self.number_subvolumes();
+        Ok(info)
     }
 
     /// Whether the directory `node` is a quota root.

@@ -18,6 +18,8 @@
 //! - an object on local's filesystem: its inode number there;
 //! - an object on the remote's filesystem: its inode number with [`REMOTE_BIT`] set. A merged
 //!   directory is numbered after its remote part, so its copy-up changes nothing;
+//! - an object in the btrfs subvolume of a quota root: [`SUBVOLUME_BIT`], the subvolume's
+//!   id and its inode number there;
 //! - synthesized entries and the names of remote files with several links: a number from a
 //!   counter (with [`COUNTER_BIT`] set), remembered per parent and name for the life of the
 //!   mount (the layout and the remote tree bound how many there are);
@@ -46,7 +48,9 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::identity::{Identity, COUNTER_BIT, REMOTE_BIT, ROOT_INO};
+use super::identity::{
+    is_local_number, Identity, COUNTER_BIT, REMOTE_BIT, ROOT_INO, SUBVOLUME_BIT, SUBVOLUME_INO_BITS,
+};
 use super::keep::{Fact, Journal};
 use super::node::{Node, NodeState};
 use super::zone::Zone;
@@ -112,6 +116,8 @@ pub struct InodeTable {
     journal: std::sync::OnceLock<Arc<dyn Journal>>,
     /// Counter numbers below this are reserved in the journal.
     reserved: AtomicU64,
+    /// The btrfs subvolumes of quota roots, by device: id (see [`SUBVOLUME_BIT`]).
+    subvolumes: RwLock<HashMap<u64, u64>>,
     /// Where an earlier daemon placed the nodes it numbered after the remote or from the
     /// counter: parent and name, by number. Filled only by [`InodeTable::restore`].
     placed: Mutex<HashMap<u64, (u64, OsString)>>,
@@ -150,6 +156,7 @@ impl InodeTable {
             journal: std::sync::OnceLock::new(),
             reserved: AtomicU64::new(0),
             placed: Mutex::new(HashMap::new()),
+            subvolumes: RwLock::new(HashMap::new()),
         }
     }
 
@@ -274,7 +281,7 @@ impl InodeTable {
         state.identities = new.identities.clone();
         let mut node = Node::new(ino, new.kind, new.zone, state);
         // Other numbers are never given to another object: generation 0 tells nothing apart.
-        if ino & (REMOTE_BIT | COUNTER_BIT) == 0 {
+        if is_local_number(ino) {
             node.generation = new.generation;
         }
         let node = Arc::new(node);
@@ -302,7 +309,7 @@ impl InodeTable {
     /// again by looking `name` up in `parent`. Numbers derived from local inodes need not
     /// be: `exports` finds their objects again.
     pub fn placed(&self, node: &Node, parent: u64, name: &std::ffi::OsStr) {
-        if node.ino & (REMOTE_BIT | COUNTER_BIT) == 0 {
+        if is_local_number(node.ino) {
             return;
         }
         if let Some(journal) = self.journal.get() {
@@ -500,6 +507,12 @@ impl InodeTable {
         }
     }
 
+    /// Objects on `dev`, the btrfs subvolume `id` inside local, are numbered after their
+    /// subvolume and inode from now on.
+    pub fn add_subvolume(&self, dev: u64, id: u64) {
+        self.subvolumes.write().insert(dev, id);
+    }
+
     /// Whether `dev` is local's filesystem, whose inode numbers become node numbers.
     pub fn is_local(&self, dev: u64) -> bool {
         dev == self.local_dev
@@ -601,7 +614,12 @@ impl InodeTable {
         }
         match *id {
             Identity::Local { dev, ino } if dev == self.local_dev => {
-                (ino > ROOT_INO && ino < REMOTE_BIT).then_some(ino)
+                (ino > ROOT_INO && ino < SUBVOLUME_BIT).then_some(ino)
+            }
+            Identity::Local { dev, ino } => {
+                let id = *self.subvolumes.read().get(&dev)?;
+                let fits = id < 1 << (61 - SUBVOLUME_INO_BITS) && ino < 1 << SUBVOLUME_INO_BITS;
+                fits.then_some(SUBVOLUME_BIT | id << SUBVOLUME_INO_BITS | ino)
             }
             Identity::Remote { dev, ino } if dev == self.remote_dev.load(Ordering::Relaxed) => {
                 (ino < REMOTE_BIT).then_some(ino | REMOTE_BIT)
