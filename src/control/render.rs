@@ -215,7 +215,7 @@ pub fn images(images: &[ImageInfo]) -> String {
 
 /// `layerfs quota list`: one row per quota root, sizes as `df -h` shows them.
 pub fn quotas(roots: &[QuotaInfo]) -> String {
-    let rows: Vec<[String; 6]> = roots
+    let rows: Vec<[String; 7]> = roots
         .iter()
         .map(|q| {
             [
@@ -225,10 +225,14 @@ pub fn quotas(roots: &[QuotaInfo]) -> String {
                 human(q.available),
                 percent(q.used, q.limit),
                 inodes(q),
+                backend(q).to_owned(),
             ]
         })
         .collect();
-    table(["PATH", "LIMIT", "USED", "AVAIL", "USE%", "INODES"], &rows)
+    table(
+        ["PATH", "LIMIT", "USED", "AVAIL", "USE%", "INODES", "BACKEND"],
+        &rows,
+    )
 }
 
 /// `layerfs quota get|set`: one root, exact bytes next to the short form.
@@ -246,11 +250,21 @@ pub fn quota(q: &QuotaInfo) -> String {
     line("used", &used);
     line("available", &bytes(q.available));
     let inodes = match q.inode_limit {
+        _ if backend(q) == "btrfs" => "not counted (btrfs quotas count bytes)".to_owned(),
         Some(limit) => format!("{} used of {limit}", q.inodes_used),
         None => format!("{} used, no limit", q.inodes_used),
     };
     line("inodes", &inodes);
+    line("backend", backend(q));
     out
+}
+
+/// Who enforces a root: a mount from before kernel quotas does not say, and meant `fuse`.
+fn backend(q: &QuotaInfo) -> &str {
+    match q.backend.as_str() {
+        "" => "fuse",
+        other => other,
+    }
 }
 
 /// `layerfs quota clear`: the root as it was.
@@ -641,6 +655,7 @@ quotas      none
             available: (10 << 30) - 4096,
             inode_limit: None,
             inodes_used: 3,
+            backend: "btrfs".into(),
         }
     }
 
@@ -653,6 +668,7 @@ quotas      none
             available: 0,
             inode_limit: Some(1000),
             inodes_used: 12,
+            backend: "fuse".into(),
         };
         let zero = QuotaInfo {
             path: "volumes/v".into(),
@@ -661,13 +677,16 @@ quotas      none
         assert_eq!(
             quotas(&[quota_info(), full, zero]),
             "\
-PATH        LIMIT  USED  AVAIL  USE%  INODES
-overlay/c1  10G    4.0K  10G    1%    3
-overlay/c2  8.0M   8.0M  0      100%  12/1000
-volumes/v   0      0     0      -     0
+PATH        LIMIT  USED  AVAIL  USE%  INODES   BACKEND
+overlay/c1  10G    4.0K  10G    1%    3        btrfs
+overlay/c2  8.0M   8.0M  0      100%  12/1000  fuse
+volumes/v   0      0     0      -     0        fuse
 "
         );
-        assert_eq!(quotas(&[]), "PATH  LIMIT  USED  AVAIL  USE%  INODES\n");
+        assert_eq!(
+            quotas(&[]),
+            "PATH  LIMIT  USED  AVAIL  USE%  INODES  BACKEND\n"
+        );
     }
 
     #[test]
@@ -707,7 +726,8 @@ path       overlay/c1
 limit      10G (10737418240 bytes)
 used       4.0K (4096 bytes), 1% of the limit
 available  10G (10737414144 bytes)
-inodes     3 used, no limit
+inodes     not counted (btrfs quotas count bytes)
+backend    btrfs
 "
         );
         let q = QuotaInfo {
@@ -716,12 +736,13 @@ inodes     3 used, no limit
             available: 0,
             inode_limit: Some(5),
             inodes_used: 1,
+            backend: "fuse".into(),
             ..quota_info()
         };
         let text = quota(&q);
         assert!(text.contains("limit      0 bytes\n"), "{text}");
         assert!(text.contains("used       0 bytes\n"), "{text}");
-        assert!(text.contains("inodes     1 used of 5\n"), "{text}");
+        assert!(text.contains("inodes     1 used of 5\nbackend    fuse\n"), "{text}");
         assert_eq!(
             quota_cleared(&quota_info()),
             "quota of overlay/c1 cleared (limit was 10G, 4.0K used)\n"

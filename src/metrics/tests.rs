@@ -74,6 +74,7 @@ impl Fake {
                     available: (1 << 20) - 8192,
                     inode_limit: Some(100),
                     inodes_used: 3,
+                    backend: "fuse".into(),
                 }],
                 metrics: None,
                 transport: None,
