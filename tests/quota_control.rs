@@ -38,6 +38,7 @@ fn cli_set_get_list_clear() {
             available: 8388608 - local_alloc(&m, "overlay/c1"),
             inode_limit: None,
             inodes_used: 1,
+            backend: "fuse".into(),
         }
     );
     // Setting a quota on a dir with content counts what is already there.

@@ -917,11 +917,16 @@ fn random_writes_into_a_root_on_btrfs_all_return() {
         return;
     }
     let mut btrfs = LocalFs::default();
-    let m = Mount::with(Options::default(), |remote| {
+    let daemon_counts = Options {
+        opts: "quota_backend=fuse".into(),
+        ..Options::default()
+    };
+    let m = Mount::with(daemon_counts, |remote| {
         btrfs.btrfs(&local_beside(remote), 512);
     });
     let _w = Watchdog::of(&m, 20);
     let q = root(&m, "q", "64M", &[]);
+    assert_eq!(get(&m, "overlay/q").backend, "fuse");
     let size = 32 * MIB;
     let f = fs::File::create(q.join("f")).unwrap();
     nix::fcntl::posix_fallocate(&f, 0, size as i64).unwrap();

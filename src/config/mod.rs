@@ -397,7 +397,10 @@ mod tests {
         assert_eq!(c.quota_backend, Choice::Btrfs);
         c.apply_options("quota-backend=FUSE").unwrap();
         assert_eq!(c.quota_backend, Choice::Fuse);
-        let err = c.apply_options("quota_backend=xfs").unwrap_err().to_string();
+        let err = c
+            .apply_options("quota_backend=xfs")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("quota_backend=xfs"), "{err}");
     }
 

@@ -230,7 +230,9 @@ pub fn quotas(roots: &[QuotaInfo]) -> String {
         })
         .collect();
     table(
-        ["PATH", "LIMIT", "USED", "AVAIL", "USE%", "INODES", "BACKEND"],
+        [
+            "PATH", "LIMIT", "USED", "AVAIL", "USE%", "INODES", "BACKEND",
+        ],
         &rows,
     )
 }
@@ -742,7 +744,10 @@ backend    btrfs
         let text = quota(&q);
         assert!(text.contains("limit      0 bytes\n"), "{text}");
         assert!(text.contains("used       0 bytes\n"), "{text}");
-        assert!(text.contains("inodes     1 used of 5\nbackend    fuse\n"), "{text}");
+        assert!(
+            text.contains("inodes     1 used of 5\nbackend    fuse\n"),
+            "{text}"
+        );
         assert_eq!(
             quota_cleared(&quota_info()),
             "quota of overlay/c1 cleared (limit was 10G, 4.0K used)\n"

@@ -42,9 +42,7 @@ impl QuotaError {
             QuotaError::Inside { .. }
             | QuotaError::Contains { .. }
             | QuotaError::Busy { .. }
-            | QuotaError::InUse { .. } => {
-                Errno::EBUSY
-            }
+            | QuotaError::InUse { .. } => Errno::EBUSY,
             QuotaError::NotRoot { .. } => Errno::ENODATA,
             QuotaError::Size(_) | QuotaError::Backend { .. } => Errno::EINVAL,
             QuotaError::Save(_) => Errno::EIO,

@@ -166,6 +166,10 @@ impl<O: Object> Accounting<O> for Ledger {
     }
 
     fn list(&self) -> Vec<QuotaInfo> {
-        self.quotas.list().iter().map(|r| self.describe(r)).collect()
+        self.quotas
+            .list()
+            .iter()
+            .map(|r| self.describe(r))
+            .collect()
     }
 }

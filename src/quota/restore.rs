@@ -11,9 +11,9 @@ use nix::errno::Errno;
 use tracing::{info, warn};
 
 use super::error::QuotaError;
+use super::kernel::{Backend, Btrfs};
 use super::persist::{self, Registry};
 use super::scan;
-use super::kernel::{Backend, Btrfs};
 use super::table::{Limit, QuotaRoot, Quotas, Usage};
 use crate::store;
 

@@ -118,10 +118,7 @@ impl Ledger {
                 self.quotas.remove(st.st_dev, st.st_ino);
             },
         )
-        .map_err(|e| {
-            unlimit(&root);
-            e
-        })?;
+        .inspect_err(|_| unlimit(&root))?;
         let info = self.describe(&root);
         info!(path = %shown, limit = limit.bytes, used = info.used, backend = %info.backend, "quota set");
         Ok(info)

@@ -112,7 +112,7 @@ nix::ioctl_none!(sync, IOCTL_MAGIC, 8);
 
 /// Whether `fd` is on btrfs.
 pub fn is_btrfs(fd: BorrowedFd<'_>) -> bool {
-    nix::sys::statfs::fstatfs(fd).is_ok_and(|st| st.filesystem_type().0 as i64 == SUPER_MAGIC)
+    nix::sys::statfs::fstatfs(fd).is_ok_and(|st| st.filesystem_type().0 == SUPER_MAGIC)
 }
 
 /// Whether the btrfs directory stat'ed as `st` is the root of a subvolume.

@@ -271,7 +271,9 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
                 stack.push((fd, Some(child)));
             }
             None => {
-                let (_, own) = stack.pop().expect("the loop runs while the stack has a top");
+                let (_, own) = stack
+                    .pop()
+                    .expect("the loop runs while the stack has a top");
                 let (at, own) = match (stack.last(), own) {
                     (Some((below, _)), Some(own)) => (below.as_fd(), own),
                     _ => (parent, name.to_owned()),

@@ -53,7 +53,9 @@ impl View {
         // What an earlier conversion of this directory left when the daemon stopped.
         match subvolume::finish(parent_local.as_fd(), &temp) {
             Ok(subvolume::Leftover::Nothing) => {}
-            Ok(found) => info!(path = %shown, ?found, "removed what an interrupted conversion left"),
+            Ok(found) => {
+                info!(path = %shown, ?found, "removed what an interrupted conversion left")
+            }
             Err(e) => warn!(path = %shown, error = %e, "what an interrupted conversion left stays"),
         }
         subvolume::convert(parent_local.as_fd(), &name, &temp).map_err(sys)?;
@@ -107,7 +109,8 @@ impl View {
         if let Some(old) = old {
             self.inodes.remove_identity(node, &old);
         }
-        self.inodes.add_identity(node, super::identity::local_identity(&st));
+        self.inodes
+            .add_identity(node, super::identity::local_identity(&st));
         Ok(())
     }
 }

@@ -33,6 +33,8 @@ pub struct Quota {
     pub available: u64,
     pub inode_limit: Option<u64>,
     pub inodes_used: u64,
+    /// Who enforces it: `fuse` or `btrfs`.
+    pub backend: String,
 }
 
 pub fn parse_quota(v: &Value) -> Quota {
@@ -59,6 +61,10 @@ pub fn parse_quota(v: &Value) -> Quota {
             None => panic!("no \"inode_limit\" in {v}"),
         },
         inodes_used: num("inodes_used"),
+        backend: v["backend"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no \"backend\" in {v}"))
+            .to_owned(),
     };
     assert_eq!(
         q.available,
