@@ -323,3 +323,41 @@ fn root_backend(m: &Mount, name: &str) -> String {
 fn is_btrfs(p: &Path) -> bool {
     nix::sys::statfs::statfs(p).is_ok_and(|st| st.filesystem_type().0 == 0x9123_683e)
 }
+
+#[test]
+fn what_an_interrupted_conversion_left_is_removed_when_it_is_tried_again() {
+    use std::hash::{Hash, Hasher};
+    let mut btrfs = LocalFs::default();
+    let Some(m) = on_btrfs("", 512, &mut btrfs) else {
+        return;
+    };
+    fs::create_dir_all(m.path("overlay/c1")).unwrap();
+    fs::write(m.path("overlay/c1/f"), b"kept").unwrap();
+    // A daemon killed before the swap left its half-made copy beside the directory, under
+    // the name the conversion works under.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    b"c1".as_slice().hash(&mut hasher);
+    let tag = fs::metadata(&m.local).unwrap().ino();
+    let temp = m.local.join(format!(
+        "overlay/.layerfs-tmp.{tag:x}.subvolume.{:016x}",
+        hasher.finish()
+    ));
+    let made = Command::new("btrfs")
+        .args(["subvolume", "create"])
+        .arg(&temp)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    fs::write(temp.join("half"), pattern(MIB as usize, 1)).unwrap();
+    let names = || -> Vec<String> {
+        fs::read_dir(m.path("overlay"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n == "c1" || n.starts_with('.'))
+            .collect()
+    };
+    assert_eq!(names(), ["c1"], "the view hides the leftover");
+    assert_eq!(set(&m, "overlay/c1", "8M", &[]).backend, "btrfs");
+    assert!(!temp.exists(), "the leftover copy is gone");
+    assert_eq!(fs::read(m.path("overlay/c1/f")).unwrap(), b"kept");
+}
