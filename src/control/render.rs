@@ -130,9 +130,15 @@ fn quota_summary(out: &mut String, roots: &[QuotaInfo]) {
     }
     let sum = |f: fn(&QuotaInfo) -> u64| roots.iter().map(f).fold(0u64, u64::saturating_add);
     let full: Vec<&QuotaInfo> = roots.iter().filter(|q| q.available == 0).collect();
+    let by_btrfs = roots.iter().filter(|q| backend(q) == "btrfs").count();
+    let backends = match by_btrfs {
+        0 => String::new(),
+        n if n == roots.len() => " (btrfs)".to_owned(),
+        n => format!(" ({n} btrfs, {} fuse)", roots.len() - n),
+    };
     let _ = write!(
         out,
-        "quotas      {}, {} of {} used",
+        "quotas      {}{backends}, {} of {} used",
         count(roots.len(), "root"),
         human(sum(|q| q.used)),
         human(sum(|q| q.limit))
@@ -707,14 +713,14 @@ volumes/v   0      0     0      -     0        fuse
         let text = status(&s, T0);
         assert!(
             text.ends_with(
-                "last round  none yet\nquotas      2 roots, 8.1M of 11G used; 1 full:\n  \
-                 overlay/c2: 8.0M of 8.0M used\n"
+                "last round  none yet\nquotas      2 roots (1 btrfs, 1 fuse), 8.1M of 11G used; \
+                 1 full:\n  overlay/c2: 8.0M of 8.0M used\n"
             ),
             "{text}"
         );
         s.quotas.truncate(1);
         assert!(
-            status(&s, T0).ends_with("quotas      1 root, 4.0K of 10G used\n"),
+            status(&s, T0).ends_with("quotas      1 root (btrfs), 4.0K of 10G used\n"),
             "{text}"
         );
     }
