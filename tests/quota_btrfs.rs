@@ -361,3 +361,24 @@ fn what_an_interrupted_conversion_left_is_removed_when_it_is_tried_again() {
     assert!(!temp.exists(), "the leftover copy is gone");
     assert_eq!(fs::read(m.path("overlay/c1/f")).unwrap(), b"kept");
 }
+
+#[test]
+fn the_quota_attribute_reaches_the_btrfs_backend() {
+    let mut btrfs = LocalFs::default();
+    let Some(m) = on_btrfs("", 512, &mut btrfs) else {
+        return;
+    };
+    let dir = m.path("overlay/c1");
+    fs::create_dir_all(&dir).unwrap();
+    xattr_set(&dir, XATTR, b"12M").unwrap();
+    let q = get(&m, "overlay/c1");
+    assert_eq!((q.backend.as_str(), q.limit), ("btrfs", 12 * MIB));
+    assert_eq!(
+        xattr_get(&dir, XATTR).unwrap(),
+        (12 * MIB).to_string().as_bytes()
+    );
+    fill_root(&dir, "f", libc::EDQUOT);
+    xattr_remove(&dir, XATTR).unwrap();
+    assert!(list(&m).is_empty());
+    fs::write(dir.join("g"), pattern(4 * MIB as usize, 1)).unwrap();
+}
