@@ -80,7 +80,9 @@ impl LayerFs {
     /// Serves a request on this thread and counts it.
     fn here(&self, op: &'static str, serve: impl FnOnce(&Core)) {
         let start = self.clock();
+        let pass = self.core.view().gate().enter();
         serve(&self.core);
+        drop(pass);
         Self::served(self.metrics.as_deref(), op, start);
     }
 
@@ -114,7 +116,9 @@ impl LayerFs {
         let start = self.clock();
         let (core, metrics) = (self.core.clone(), self.metrics.clone());
         pool.run(move || {
+            let pass = core.view().gate().enter();
             job(&core);
+            drop(pass);
             Self::served(metrics.as_deref(), op, start);
         });
     }
@@ -152,13 +156,17 @@ impl LayerFs {
             });
         }
         let start = self.clock();
-        let Err(reply) = serve(&self.core, args, reply) else {
+        let pass = self.core.view().gate().enter();
+        let served = serve(&self.core, args, reply);
+        drop(pass);
+        let Err(reply) = served else {
             return Self::served(self.metrics.as_deref(), op, start);
         };
         let held = (!dirs.is_empty()).then(|| self.core.view().held_for(dirs));
         let (core, metrics, args) = (self.core.clone(), self.metrics.clone(), args.to_owned());
         self.crowd.run(move || {
             let _held = held;
+            let _pass = core.view().gate().enter();
             let _ = serve(&core, args.borrow(), reply);
             Self::served(metrics.as_deref(), op, start);
         });

@@ -51,26 +51,83 @@ pub fn temp_for(name: &CStr) -> CString {
         .expect("temporary names hold no NUL")
 }
 
-/// Converts the directory `name` in `parent` into a subvolume with the same content,
-/// working under `temp` (a name in `parent` nobody else uses, see [`temp_for`]). On error,
-/// the directory is as it was and nothing is left under `temp`.
-pub fn convert(parent: BorrowedFd<'_>, name: &CStr, temp: &CStr) -> Result<(), Errno> {
+/// Makes a subvolume under `temp` in `parent` (a name nobody else uses, see [`temp_for`])
+/// holding a copy of the directory `name` beside it, durably; returns what the copy saw of
+/// the tree, for [`unchanged`]. On error, nothing is left under `temp`.
+pub fn copy(parent: BorrowedFd<'_>, name: &CStr, temp: &CStr) -> Result<Seen, Errno> {
     // An ioctl needs a descriptor opened for reading, not an `O_PATH` one.
     let dir = reopen(parent, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
     btrfs::create_subvolume(dir.as_fd(), temp)?;
     let copied = copy_into(parent, name, temp);
-    if let Err(e) = copied {
+    if copied.is_err() {
         let _ = remove_tree(parent, temp);
-        return Err(e);
     }
+    copied
+}
+
+/// Exchanges `name` and `temp` in `parent` in one step, durably: the copy takes the
+/// directory's place, or (called again) gives it back.
+pub fn swap(parent: BorrowedFd<'_>, name: &CStr, temp: &CStr) -> Result<(), Errno> {
     nix::fcntl::renameat2(parent, temp, parent, name, RenameFlags::RENAME_EXCHANGE)?;
-    sync_dir(parent)?;
-    // The directory is converted; what is left is space to give back, and a failure here
-    // is found again by `finish`.
-    if let Err(e) = remove_tree(parent, temp) {
-        tracing::warn!(error = %e, "the tree a subvolume replaced is left to remove at the next mount");
+    sync_dir(parent)
+}
+
+/// What a copy saw of each object of the tree: its change time, which every change to an
+/// object moves (a write, a new or removed name in a directory, a new link to a file).
+/// The top directory's own change time moves when it is swapped, so for it only its
+/// modification time (moved by any entry made or removed in it) counts.
+#[derive(Debug, Default)]
+pub struct Seen(HashMap<u64, (i64, i64)>);
+
+impl Seen {
+    fn note(&mut self, st: &libc::stat) {
+        self.0.insert(st.st_ino, (st.st_ctime, st.st_ctime_nsec));
     }
-    Ok(())
+
+    fn note_top(&mut self, st: &libc::stat) {
+        self.0.insert(st.st_ino, (st.st_mtime, st.st_mtime_nsec));
+    }
+}
+
+/// Whether the tree `name` in `parent` is as the copy that made `seen` found it: the same
+/// objects, none changed since.
+pub fn unchanged(parent: BorrowedFd<'_>, name: &CStr, seen: &Seen) -> Result<bool, Errno> {
+    let top = reopen(
+        open_dir_at(parent, name)?.as_fd(),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+    )?;
+    let same = |st: &libc::stat| seen.0.get(&st.st_ino) == Some(&(st.st_ctime, st.st_ctime_nsec));
+    let mut found = std::collections::HashSet::new();
+    let st = stat_fd(top.as_fd())?;
+    if seen.0.get(&st.st_ino) != Some(&(st.st_mtime, st.st_mtime_nsec)) {
+        return Ok(false);
+    }
+    let mut pending = vec![top];
+    while let Some(dir) = pending.pop() {
+        let st = stat_fd(dir.as_fd())?;
+        // The top was checked above.
+        if !found.is_empty() && !same(&st) {
+            return Ok(false);
+        }
+        found.insert(st.st_ino);
+        found.insert(st.st_ino);
+        for entry in read_dir(dir.as_fd())? {
+            let child = CString::new(entry.name.as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
+            let st = stat_at(dir.as_fd(), &child)?;
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                pending.push(reopen(
+                    open_dir_at(dir.as_fd(), &child)?.as_fd(),
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                )?);
+            } else if same(&st) {
+                found.insert(st.st_ino);
+            } else {
+                return Ok(false);
+            }
+        }
+    }
+    // Every object found was seen as it is; none seen is missing.
+    Ok(found.len() == seen.0.len())
 }
 
 /// Removes what a conversion interrupted by a crash left under `temp` in `parent`.
@@ -90,7 +147,8 @@ pub fn finish(parent: BorrowedFd<'_>, temp: &CStr) -> Result<Leftover, Errno> {
 }
 
 /// Copies the tree `from` in `parent` into the empty directory `to` in `parent`.
-fn copy_into(parent: BorrowedFd<'_>, from: &CStr, to: &CStr) -> Result<(), Errno> {
+fn copy_into(parent: BorrowedFd<'_>, from: &CStr, to: &CStr) -> Result<Seen, Errno> {
+    let mut seen = Seen::default();
     let src = reopen(
         open_dir_at(parent, from)?.as_fd(),
         OFlag::O_RDONLY | OFlag::O_DIRECTORY,
@@ -104,10 +162,19 @@ fn copy_into(parent: BorrowedFd<'_>, from: &CStr, to: &CStr) -> Result<(), Errno
     let mut pending = vec![(src, dst)];
     let mut finished: Vec<(OwnedFd, OwnedFd)> = Vec::new();
     while let Some((src, dst)) = pending.pop() {
+        let st = stat_fd(src.as_fd())?;
+        if finished.is_empty() {
+            seen.note_top(&st);
+        } else {
+            seen.note(&st);
+        }
         for entry in read_dir(src.as_fd())? {
             let name = CString::new(entry.name.as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
             let st = stat_at(src.as_fd(), &name)?;
             let kind = st.st_mode & libc::S_IFMT;
+            if kind != libc::S_IFDIR {
+                seen.note(&st);
+            }
             if kind != libc::S_IFDIR && st.st_nlink > 1 {
                 if let Some((dir, first)) = links.get(&st.st_ino) {
                     nix::unistd::linkat(
@@ -161,10 +228,10 @@ fn copy_into(parent: BorrowedFd<'_>, from: &CStr, to: &CStr) -> Result<(), Errno
         let st = stat_fd(src.as_fd())?;
         copy_attributes(src.as_fd(), dst.as_fd(), c".", &st)?;
     }
-    match finished.first() {
-        Some((_, top)) => nix::unistd::syncfs(top.as_fd()),
-        None => Ok(()),
+    if let Some((_, top)) = finished.first() {
+        nix::unistd::syncfs(top.as_fd())?;
     }
+    Ok(seen)
 }
 
 /// A regular file's data, sharing its extents (a reflink) where the filesystem can.
@@ -294,6 +361,39 @@ fn sync_dir(dir: BorrowedFd<'_>) -> Result<(), Errno> {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_change_made_while_copying_is_seen() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(src.join("a")).unwrap();
+        std::fs::write(src.join("a/f"), b"1").unwrap();
+        std::fs::write(src.join("g"), b"2").unwrap();
+        let root = crate::store::open_root(tmp.path()).unwrap();
+        let copy = |n: &str| {
+            std::fs::create_dir(tmp.path().join(n)).unwrap();
+            copy_into(root.as_fd(), c"src", &CString::new(n).unwrap()).unwrap()
+        };
+        let seen = copy("d1");
+        assert!(unchanged(root.as_fd(), c"src", &seen).unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::write(src.join("a/f"), b"changed").unwrap();
+        assert!(!unchanged(root.as_fd(), c"src", &seen).unwrap(), "a write");
+        let seen = copy("d2");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::remove_file(src.join("g")).unwrap();
+        assert!(
+            !unchanged(root.as_fd(), c"src", &seen).unwrap(),
+            "an unlink"
+        );
+        let seen = copy("d3");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::write(src.join("a/new"), b"").unwrap();
+        assert!(
+            !unchanged(root.as_fd(), c"src", &seen).unwrap(),
+            "a new file"
+        );
+    }
 
     #[test]
     fn remove_tree_takes_a_deep_tree_without_recursing() {

@@ -41,6 +41,7 @@
 pub mod attrs;
 pub mod copyup;
 pub mod exports;
+pub mod gate;
 pub mod identity;
 pub mod inodes;
 pub mod io;
@@ -177,6 +178,8 @@ pub struct View {
     pub inodes: InodeTable,
     /// The quota accounting, reached through [`View::quota`] (see [`roots`] for loading it).
     quota: Ledger,
+    /// What every request passes while it is served (see [`gate`]).
+    gate: gate::Gate,
     local_root: Arc<OwnedFd>,
     /// Owner and times given to synthesized objects.
     virtual_base: Stat,
@@ -237,6 +240,7 @@ impl View {
             remote_root: RwLock::new(Arc::new(remote_root)),
             inodes,
             quota,
+            gate: gate::Gate::default(),
             local_root,
             virtual_base,
             layout_attrs: Default::default(),
@@ -244,6 +248,11 @@ impl View {
             exports,
             resumed: Default::default(),
         })
+    }
+
+    /// What every request passes while it is served.
+    pub fn gate(&self) -> &gate::Gate {
+        &self.gate
     }
 
     /// The quota accounting, as the view may use it: through its trait alone.
