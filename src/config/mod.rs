@@ -53,7 +53,7 @@ pub struct MountConfig {
     /// block-backed layers do) or `EDQUOT`.
     pub quota_errno: nix::errno::Errno,
     /// Who enforces new quota roots: btrfs where it can, the daemon (FUSE), or btrfs only.
-    pub quota_backend: crate::quota::kernel::Choice,
+    pub quota_backend: crate::quota::Choice,
     /// Where Prometheus metrics are served; `None` = not served.
     pub metrics: Option<std::net::SocketAddr>,
     /// A directory on a regular filesystem the view's layout dirs are bind-mounted into.
@@ -95,7 +95,7 @@ impl Default for MountConfig {
             scan_timeout: Duration::from_secs(30),
             hide_unhealthy: false,
             quota_errno: nix::errno::Errno::ENOSPC,
-            quota_backend: crate::quota::kernel::Choice::Auto,
+            quota_backend: crate::quota::Choice::Auto,
             inotify: true,
             metrics: None,
             expose_into: None,
@@ -390,7 +390,7 @@ mod tests {
 
     #[test]
     fn quota_backend_option() {
-        use crate::quota::kernel::Choice;
+        use crate::quota::Choice;
         let mut c = MountConfig::default();
         assert_eq!(c.quota_backend, Choice::Auto);
         c.apply_options("quota_backend=btrfs").unwrap();

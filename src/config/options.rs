@@ -382,7 +382,7 @@ pub const OPTIONS: &[MountOption] = &[
         keys: &["quota_backend", "quota-backend"],
         takes_value: true,
         apply: |c, g| {
-            c.quota_backend = crate::quota::kernel::Choice::parse(g.value)
+            c.quota_backend = crate::quota::Choice::parse(g.value)
                 .ok_or_else(|| g.bad("must be 'auto', 'fuse' or 'btrfs'"))?;
             Ok(())
         },

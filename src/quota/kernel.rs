@@ -13,119 +13,16 @@
 //! btrfs has no inode limits: under `quota_backend=auto`, a root asked for one is enforced
 //! by the FUSE backend.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
-use serde::{Deserialize, Serialize};
-use tracing::info;
 
+use super::backend::Choice;
 use super::error::QuotaError;
 use super::ledger::Ledger;
 use super::table::{Limit, QuotaRoot, Usage};
 use crate::store::{self, btrfs};
-
-/// Which backend new quota roots get (`quota_backend=`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Choice {
-    /// btrfs where local is on btrfs and the limit is one btrfs can express, else FUSE.
-    #[default]
-    Auto,
-    Fuse,
-    Btrfs,
-}
-
-impl Choice {
-    pub fn parse(text: &str) -> Option<Choice> {
-        match text.to_ascii_lowercase().as_str() {
-            "auto" => Some(Choice::Auto),
-            "fuse" => Some(Choice::Fuse),
-            "btrfs" => Some(Choice::Btrfs),
-            _ => None,
-        }
-    }
-}
-
-/// Who enforces a root's limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// The daemon, on every call that allocates; files in the root lose passthrough.
-    #[default]
-    Fuse,
-    /// The btrfs qgroup of the subvolume the root is.
-    Btrfs,
-}
-
-impl Backend {
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Fuse => "fuse",
-            Backend::Btrfs => "btrfs",
-        }
-    }
-}
-
-/// A mount's way to btrfs's quotas: local's root, open for ioctls.
-#[derive(Debug)]
-pub(super) struct Btrfs {
-    fd: OwnedFd,
-}
-
-impl Btrfs {
-    /// For the local root `local`, if it is on btrfs.
-    pub(super) fn of(local: BorrowedFd<'_>) -> Option<Btrfs> {
-        if !btrfs::is_btrfs(local) {
-            return None;
-        }
-        let fd = store::reopen(local, OFlag::O_RDONLY | OFlag::O_DIRECTORY).ok()?;
-        Some(Btrfs { fd })
-    }
-
-    /// Limits the subvolume's qgroup to `bytes` (none: no limit), turning quotas on first
-    /// if they are off.
-    pub(super) fn limit(&self, subvolume: u64, bytes: Option<u64>) -> Result<(), Errno> {
-        if bytes.is_some() {
-            self.quotas_on()?;
-        }
-        btrfs::set_limit(self.fd.as_fd(), subvolume, bytes)
-    }
-
-    /// Commits, which sets btrfs's cleaner to work on a deleted subvolume: its space comes
-    /// back in the background, not at the next commit interval.
-    pub(super) fn commit(&self) {
-        if let Err(e) = btrfs::commit(self.fd.as_fd()) {
-            tracing::warn!(error = %e, "committing local's btrfs after a quota root was deleted");
-        }
-    }
-
-    /// What the subvolume's qgroup counts, as of the last commit.
-    pub(super) fn usage(&self, subvolume: u64) -> Result<Usage, Errno> {
-        let counted = btrfs::qgroup(self.fd.as_fd(), subvolume)?;
-        Ok(Usage {
-            bytes: counted.referenced,
-            inodes: 0,
-        })
-    }
-
-    fn quotas_on(&self) -> Result<(), Errno> {
-        let (mode, inconsistent) = btrfs::quota_mode(self.fd.as_fd())?;
-        match mode {
-            btrfs::QuotaMode::Off => {
-                info!("turning btrfs quotas (full qgroups) on for local's filesystem");
-                btrfs::enable_quota(self.fd.as_fd())?;
-            }
-            btrfs::QuotaMode::Simple => {
-                info!("local's btrfs counts simple quotas: reflinked data is charged to the subvolume that first wrote it");
-            }
-            btrfs::QuotaMode::Full if inconsistent => {
-                tracing::warn!("local's btrfs qgroup counts are marked inconsistent; `btrfs quota rescan` fixes them");
-            }
-            btrfs::QuotaMode::Full => {}
-        }
-        Ok(())
-    }
-}
 
 impl Ledger {
     /// Whether a new root over the local directory `local` with `limit` is enforced by

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use parking_lot::Mutex;
 
+use super::backend::Choice;
 use super::error::QuotaError;
-use super::kernel::{Btrfs, Choice};
+use super::qgroups::Qgroups;
 use super::restore;
 use super::scan::block_size;
 use super::seam::{Accounting, Charge, Charged, Gone, Move, Need, Object, Reserved, Under};
@@ -32,7 +33,7 @@ pub struct Ledger {
     /// Which backend new roots get.
     pub(super) choice: Choice,
     /// btrfs's quotas, when local is on btrfs.
-    pub(super) btrfs: Option<Btrfs>,
+    pub(super) btrfs: Option<Qgroups>,
 }
 
 impl Ledger {
@@ -45,7 +46,7 @@ impl Ledger {
             written: Mutex::new(0),
             settling: Mutex::new(()),
             choice: Choice::Auto,
-            btrfs: Btrfs::of(local.as_fd()),
+            btrfs: Qgroups::of(local.as_fd()),
             local,
         }
     }

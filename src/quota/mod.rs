@@ -12,7 +12,7 @@
 //! - `table`: the live quota roots of a mount, their limits and usage, and the
 //!   reservations calls take against them.
 //! - `roots`: setting and clearing roots, and their registry saved and loaded.
-//! - [`kernel`]: roots the kernel enforces (btrfs subvolumes with a qgroup limit), which
+//! - `backend`, `kernel`, `qgroups`: roots the kernel enforces (btrfs subvolumes with a qgroup limit), which
 //!   the data path leaves alone.
 //! - `persist`: the registry of quota roots kept in local.
 //! - `scan`: usage recomputed from local at mount (and when a quota is set), so that a
@@ -41,12 +41,14 @@
 //! measuring lock ([`Object::measuring`]) is taken before its state, never while the change
 //! lock is held.
 
+mod backend;
 mod charge;
 mod error;
 mod io;
-pub mod kernel;
+mod kernel;
 mod ledger;
 mod persist;
+mod qgroups;
 mod restore;
 mod roots;
 mod scan;
@@ -55,6 +57,7 @@ pub mod size;
 pub mod storage;
 mod table;
 
+pub use backend::{Backend, Choice};
 pub use error::QuotaError;
 pub use ledger::Ledger;
 pub use roots::QUOTA_XATTR;

@@ -14,7 +14,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
-use super::kernel::Backend;
+use super::backend::Backend;
 use crate::store;
 
 /// The registry's name in local's root (the view hides it: `store::reserved::REGISTRY_NAME`).

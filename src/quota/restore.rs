@@ -10,9 +10,10 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use tracing::{info, warn};
 
+use super::backend::Backend;
 use super::error::QuotaError;
-use super::kernel::{Backend, Btrfs};
 use super::persist::{self, Registry};
+use super::qgroups::Qgroups;
 use super::scan;
 use super::table::{Limit, QuotaRoot, Quotas, Usage};
 use crate::store;
@@ -48,7 +49,7 @@ pub(super) fn registry_of(quotas: &Quotas) -> Registry {
 pub(super) fn load(
     quotas: &Quotas,
     local: BorrowedFd<'_>,
-    btrfs: Option<&Btrfs>,
+    btrfs: Option<&Qgroups>,
 ) -> Result<usize, QuotaError> {
     let registry = persist::load(local)?;
     let mut dropped = false;
@@ -117,7 +118,11 @@ pub(super) fn load(
 /// or lost with its subvolume). None when the directory is no subvolume any more (it was
 /// replaced by hand), or btrfs refuses: the FUSE backend then enforces the limit rather
 /// than nothing.
-fn kernel_root(dir: BorrowedFd<'_>, entry: &persist::Entry, btrfs: Option<&Btrfs>) -> Option<u64> {
+fn kernel_root(
+    dir: BorrowedFd<'_>,
+    entry: &persist::Entry,
+    btrfs: Option<&Qgroups>,
+) -> Option<u64> {
     let shown = entry.path.display();
     let fallback = |why: &dyn std::fmt::Display| {
         warn!(path = %shown, reason = %why, "a btrfs quota root is enforced by the FUSE backend instead");

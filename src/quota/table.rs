@@ -15,7 +15,7 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use parking_lot::{Mutex, RwLock};
 
-use super::kernel::Backend;
+use super::backend::Backend;
 use crate::report::QuotaInfo;
 
 /// No inode limit.

@@ -13,8 +13,8 @@ use tracing::warn;
 use super::identity::ROOT_INO;
 use super::node::Node;
 use super::{Caller, View};
-use crate::quota::kernel::Choice;
 use crate::quota::size::parse_size;
+use crate::quota::Choice;
 use crate::quota::{Accounting, Limit, QuotaError, QUOTA_XATTR};
 use crate::report::{QuotaAnswer, QuotaInfo, QuotaRequest};
 
