@@ -241,12 +241,43 @@ fn deleting_a_root_deletes_its_subvolume_and_gives_its_space_back() {
     drop(f);
     let full = local_fs_used(&m);
     assert!(full >= empty + 40 * MIB, "{empty} -> {full}");
+    let id = subvolume_id(&m.local.join("overlay/c1"));
+    assert!(qgroups(&m).contains(&format!("0/{id}")));
     fs::remove_dir_all(&c1).unwrap();
     assert!(list(&m).is_empty());
     assert!(!m.local.join("overlay/c1").exists());
     eventually(30, "the deleted root's space comes back", || {
         local_fs_used(&m) < full - 40 * MIB
     });
+    eventually(30, "the deleted root's qgroup goes", || {
+        local_fs_used(&m);
+        !qgroups(&m).contains(&format!("0/{id}"))
+    });
+}
+
+/// The id of the btrfs subvolume at `p`.
+fn subvolume_id(p: &Path) -> String {
+    let out = Command::new("btrfs")
+        .args(["inspect-internal", "rootid"])
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The qgroup ids of local's btrfs, one per word.
+fn qgroups(m: &Mount) -> Vec<String> {
+    let out = Command::new("btrfs")
+        .args(["qgroup", "show", "--raw"])
+        .arg(&m.local)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
 }
 
 #[test]
