@@ -151,8 +151,8 @@ impl Ledger {
             if let Err(e) = self.write(snapshot) {
                 warn!(error = %e, "a removed quota root stays in the registry");
             }
-            if removed.is_some_and(|r| r.by_kernel()) {
-                self.removed_subvolume();
+            if let Some(root) = removed {
+                self.removed_subvolume(&root);
             }
             return;
         }

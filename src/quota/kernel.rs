@@ -66,10 +66,11 @@ impl Ledger {
         }
     }
 
-    /// A root was removed: if it was a subvolume, its space is given back sooner.
-    pub(super) fn removed_subvolume(&self) {
-        if let Some(btrfs) = &self.btrfs {
-            btrfs.commit();
+    /// The btrfs root `root` was removed with its subvolume: its space comes back sooner,
+    /// and its qgroup goes.
+    pub(super) fn removed_subvolume(&self, root: &QuotaRoot) {
+        if let (Some(btrfs), Some(subvolume)) = (&self.btrfs, root.subvolume()) {
+            btrfs.reap(subvolume);
         }
     }
 

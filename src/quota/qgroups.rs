@@ -10,6 +10,10 @@ use tracing::info;
 use super::table::Usage;
 use crate::store::{self, btrfs};
 
+/// How often, and how many times, the qgroup of a deleted root is tried.
+const REAP_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+const REAP_TRIES: u32 = 600;
+
 /// A mount's way to btrfs's quotas: local's root, open for ioctls.
 #[derive(Debug)]
 pub(super) struct Qgroups {
@@ -35,11 +39,41 @@ impl Qgroups {
         btrfs::set_limit(self.fd.as_fd(), subvolume, bytes)
     }
 
-    /// Commits, which sets btrfs's cleaner to work on a deleted subvolume: its space comes
-    /// back in the background, not at the next commit interval.
-    pub(super) fn commit(&self) {
+    /// After the subvolume of a root was deleted: commits, which sets btrfs's cleaner to
+    /// work on it at once (its space comes back in the background), and removes its qgroup
+    /// once it is cleaned up, on a thread of its own. The kernel removes such a qgroup
+    /// itself only when the subvolume's counts came down to nothing.
+    pub(super) fn reap(&self, subvolume: u64) {
         if let Err(e) = btrfs::commit(self.fd.as_fd()) {
             tracing::warn!(error = %e, "committing local's btrfs after a quota root was deleted");
+        }
+        let Ok(fd) = self.fd.try_clone() else {
+            return;
+        };
+        let reaper = move || {
+            for _ in 0..REAP_TRIES {
+                std::thread::sleep(REAP_EVERY);
+                match btrfs::remove_qgroup(fd.as_fd(), subvolume) {
+                    Ok(()) | Err(Errno::ENOENT) => return,
+                    Err(Errno::EBUSY) => {
+                        let _ = btrfs::commit(fd.as_fd());
+                    }
+                    Err(e) => {
+                        tracing::warn!(subvolume, error = %e, "the qgroup of a deleted quota root stays");
+                        return;
+                    }
+                }
+            }
+            tracing::warn!(
+                subvolume,
+                "the qgroup of a deleted quota root is still in use; it stays"
+            );
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("qgroup-reaper".into())
+            .spawn(reaper)
+        {
+            tracing::warn!(error = %e, "the qgroup of a deleted quota root stays");
         }
     }
 

@@ -71,6 +71,12 @@ struct QgroupLimitArgs {
 }
 
 #[repr(C)]
+struct QgroupCreateArgs {
+    create: u64,
+    qgroupid: u64,
+}
+
+#[repr(C)]
 #[derive(Default, Clone, Copy)]
 struct SearchKey {
     tree_id: u64,
@@ -107,6 +113,7 @@ nix::ioctl_readwrite!(tree_search, IOCTL_MAGIC, 17, SearchArgs);
 nix::ioctl_readwrite!(quota_ctl, IOCTL_MAGIC, 40, QuotaCtlArgs);
 // Declared `_IOR` by the kernel, though it only reads what it is given.
 nix::ioctl_read!(qgroup_limit, IOCTL_MAGIC, 43, QgroupLimitArgs);
+nix::ioctl_write_ptr!(qgroup_create, IOCTL_MAGIC, 42, QgroupCreateArgs);
 nix::ioctl_none!(quota_rescan_wait, IOCTL_MAGIC, 46);
 nix::ioctl_none!(sync, IOCTL_MAGIC, 8);
 
@@ -235,6 +242,17 @@ pub fn qgroup(fd: BorrowedFd<'_>, subvolume: u64) -> Result<Qgroup, Errno> {
         }
     }
     Ok(found)
+}
+
+/// Removes the qgroup `0/<subvolume>` of a deleted subvolume: `EBUSY` while the
+/// subvolume is still being cleaned up, `ENOENT` once there is none.
+pub fn remove_qgroup(fd: BorrowedFd<'_>, subvolume: u64) -> Result<(), Errno> {
+    let args = QgroupCreateArgs {
+        create: 0,
+        qgroupid: subvolume,
+    };
+    // SAFETY: `args` is a valid `btrfs_ioctl_qgroup_create_args`.
+    unsafe { qgroup_create(fd.as_raw_fd(), &args) }.map(drop)
 }
 
 /// Commits the filesystem's transaction, so that qgroup counts include every write so far.
