@@ -27,7 +27,7 @@ use nix::sys::stat::{FchmodatFlags, Mode, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 
-use super::{btrfs, open_at, open_dir_at, read_dir, readlink_at, reopen, stat_at, stat_fd};
+use super::{btrfs, open_at, read_dir, readlink_at, reopen, stat_at, stat_fd};
 
 /// What the temporary name in a directory holds, as [`finish`] found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,10 +92,7 @@ impl Seen {
 /// Whether the tree `name` in `parent` is as the copy that made `seen` found it: the same
 /// objects, none changed since.
 pub fn unchanged(parent: BorrowedFd<'_>, name: &CStr, seen: &Seen) -> Result<bool, Errno> {
-    let top = reopen(
-        open_dir_at(parent, name)?.as_fd(),
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-    )?;
+    let top = readable_dir(parent, name)?;
     let same = |st: &libc::stat| seen.0.get(&st.st_ino) == Some(&(st.st_ctime, st.st_ctime_nsec));
     let mut found = std::collections::HashSet::new();
     let st = stat_fd(top.as_fd())?;
@@ -115,10 +112,7 @@ pub fn unchanged(parent: BorrowedFd<'_>, name: &CStr, seen: &Seen) -> Result<boo
             let child = CString::new(entry.name.as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
             let st = stat_at(dir.as_fd(), &child)?;
             if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                pending.push(reopen(
-                    open_dir_at(dir.as_fd(), &child)?.as_fd(),
-                    OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-                )?);
+                pending.push(readable_dir(dir.as_fd(), &child)?);
             } else if same(&st) {
                 found.insert(st.st_ino);
             } else {
@@ -149,14 +143,8 @@ pub fn finish(parent: BorrowedFd<'_>, temp: &CStr) -> Result<Leftover, Errno> {
 /// Copies the tree `from` in `parent` into the empty directory `to` in `parent`.
 fn copy_into(parent: BorrowedFd<'_>, from: &CStr, to: &CStr) -> Result<Seen, Errno> {
     let mut seen = Seen::default();
-    let src = reopen(
-        open_dir_at(parent, from)?.as_fd(),
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-    )?;
-    let dst = reopen(
-        open_dir_at(parent, to)?.as_fd(),
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-    )?;
+    let src = readable_dir(parent, from)?;
+    let dst = readable_dir(parent, to)?;
     let mut links: HashMap<u64, (OwnedFd, CString)> = HashMap::new();
     // Directories whose entries are copied, and those whose times are set once they are.
     let mut pending = vec![(src, dst)];
@@ -190,14 +178,8 @@ fn copy_into(parent: BorrowedFd<'_>, from: &CStr, to: &CStr) -> Result<Seen, Err
             match kind {
                 libc::S_IFDIR => {
                     nix::sys::stat::mkdirat(dst.as_fd(), name.as_c_str(), Mode::S_IRWXU)?;
-                    let sub_src = reopen(
-                        open_dir_at(src.as_fd(), &name)?.as_fd(),
-                        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-                    )?;
-                    let sub_dst = reopen(
-                        open_dir_at(dst.as_fd(), &name)?.as_fd(),
-                        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-                    )?;
+                    let sub_src = readable_dir(src.as_fd(), &name)?;
+                    let sub_dst = readable_dir(dst.as_fd(), &name)?;
                     pending.push((sub_src, sub_dst));
                     continue;
                 }
@@ -311,13 +293,7 @@ fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, name: &CStr) -> Result<
 /// Removes the tree `name` in `parent`, the directory itself last (for a subvolume, that
 /// deletes it).
 pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
-    let open = |dir: BorrowedFd<'_>, name: &CStr| {
-        reopen(
-            open_dir_at(dir, name)?.as_fd(),
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-        )
-    };
-    let top = open(parent, name)?;
+    let top = readable_dir(parent, name)?;
     // Each directory waits here until its entries are gone, then is removed from the one
     // below it on the stack.
     let mut stack: Vec<(OwnedFd, Option<CString>)> = vec![(top, None)];
@@ -334,7 +310,7 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
         }
         match sub {
             Some(child) => {
-                let fd = open(dir.as_fd(), &child)?;
+                let fd = readable_dir(dir.as_fd(), &child)?;
                 stack.push((fd, Some(child)));
             }
             None => {
@@ -350,6 +326,12 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
         }
     }
     Ok(())
+}
+
+/// The directory `name` in `dir`, open for reading (listing, ioctls, `syncfs`), never
+/// through a symlink.
+fn readable_dir(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
+    open_at(dir, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)
 }
 
 fn sync_dir(dir: BorrowedFd<'_>) -> Result<(), Errno> {
