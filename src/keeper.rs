@@ -99,27 +99,35 @@ impl Kept {
                 .and_then(|v| v.parse().ok())
                 .ok_or_else(bad)
         };
-        let fd = |key: &str| -> std::io::Result<OwnedFd> {
+        // Every field is read, and every descriptor checked, before any is taken: one
+        // taken and then dropped over a later field's fault would close a descriptor this
+        // process may be using for something else.
+        let open_fd = |key: &str| -> std::io::Result<i32> {
             let raw = i32::try_from(field(key)?).map_err(|_| bad())?;
             nix::fcntl::fcntl(
                 unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) },
                 nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
             )
             .map_err(|_| bad())?;
-            // SAFETY: a descriptor the keeper left open for this process, which owns it now
-            // (fcntl just showed it is open).
-            Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+            Ok(raw)
         };
+        let (device, state, ready) = (open_fd("device")?, open_fd("state")?, open_fd("ready")?);
+        let restarts = u32::try_from(field("restarts")?).map_err(|_| bad())?;
+        let keeper = u32::try_from(field("keeper")?).map_err(|_| bad())?;
+        let stopped_ns = field("stopped")?;
+        // SAFETY: descriptors the keeper left open for this process, which owns them now
+        // (fcntl just showed they are open).
+        let own = |raw: i32| unsafe { OwnedFd::from_raw_fd(raw) };
         let kept = Kept {
-            device: fd("device")?,
+            device: own(device),
             state: State {
-                file: File::from(fd("state")?),
+                file: File::from(own(state)),
             },
-            restarts: u32::try_from(field("restarts")?).map_err(|_| bad())?,
-            keeper: u32::try_from(field("keeper")?).map_err(|_| bad())?,
-            stopped_ns: field("stopped")?,
+            restarts,
+            keeper,
+            stopped_ns,
         };
-        Ok((kept, File::from(fd("ready")?)))
+        Ok((kept, File::from(own(ready))))
     }
 }
 
