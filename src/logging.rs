@@ -137,6 +137,17 @@ pub fn init(config: &MountConfig) {
     let _ = DESTINATION.set(destination);
 }
 
+/// Logs to stderr at `level` (or as `RUST_LOG` says): for commands that run in the
+/// foreground without a mount, such as `publish --watch`.
+pub fn init_stderr(level: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| level_filter(level));
+    let layer = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let _ = tracing_subscriber::registry().with(layer).try_init();
+}
+
 /// The target of startup failures a detached daemon logs: the command that started it
 /// prints them (from the readiness pipe), so they must not also reach its terminal here.
 pub const STARTUP_FAILURE: &str = "layerfs::startup";

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::Parser;
-use layerfs::cli::{Cli, Command, ControlArgs, QuotaCommand};
+use layerfs::cli::{Cli, Command, ControlArgs, PublishArgs, QuotaCommand};
 use layerfs::control::{Op, QuotaSet, Reply};
 use layerfs::MountConfig;
 
@@ -28,6 +28,7 @@ fn main() -> ExitCode {
         .map(drop)
         .map_err(anyhow::Error::from),
         Command::Quota(args) => quota(args.command),
+        Command::Publish(args) => publish(args),
         Command::Upgrade(args) => {
             layerfs::control::upgrade(&args.mountpoint, std::time::Duration::from_secs(args.wait))
                 .map_err(anyhow::Error::from)
@@ -119,6 +120,41 @@ fn quota(command: QuotaCommand) -> anyhow::Result<()> {
         )?,
     };
     print(reply)
+}
+
+/// `layerfs publish --watch REMOTE | image ...`.
+fn publish(args: PublishArgs) -> anyhow::Result<()> {
+    match (args.watch, args.command) {
+        (Some(remote), None) => {
+            let mut options = layerfs::publish::watch::WatchOptions::new(&remote);
+            options.name = args.name;
+            options.driver = args.driver;
+            options.interval = std::time::Duration::from_secs(args.interval.max(1));
+            publish_watch(&options)
+        }
+        (None, Some(layerfs::cli::PublishCommand::Image(_))) => {
+            anyhow::bail!("layerfs publish image is not available in this build")
+        }
+        _ => anyhow::bail!(
+            "give --watch REMOTE, or the image subcommand (see layerfs publish --help)"
+        ),
+    }
+}
+
+/// Runs the publisher in the foreground until SIGTERM, SIGINT or SIGHUP.
+fn publish_watch(options: &layerfs::publish::watch::WatchOptions) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    layerfs::logging::init_stderr("info");
+    let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .context("installing signal handlers")?;
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            let _ = stop_tx.send(());
+        }
+    });
+    layerfs::publish::watch::watch(options, stop_rx)
+        .with_context(|| format!("publishing from {}", options.remote.display()))
 }
 
 /// Prints a control command's answer, and its note on stderr.

@@ -126,6 +126,8 @@ fn serve_on(
             scan_timeout: config.scan_timeout,
             hide_unhealthy: config.hide_unhealthy,
             inotify: config.inotify,
+            journal: config.journal,
+            journal_poll: config.journal_poll,
         },
     );
     if let Some(m) = &metrics {

@@ -108,6 +108,69 @@ pub struct Status {
     /// The keeper holding the mount's connection, when it has one (`-o keeper`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keeper: Option<KeeperInfo>,
+    /// How the mount follows the publication journal (DESIGN §14); `None` when it does not
+    /// (`-o nojournal`, or refresh on demand only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalInfo>,
+}
+
+/// Whether a reader follows the remote's publication journal, or scans the remote instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JournalState {
+    /// Not polled yet.
+    #[default]
+    Starting,
+    /// The bell rings (a publisher is alive): rounds between records are light scans.
+    Following,
+    /// No journal in the remote: nobody publishes; full scans every round.
+    Absent,
+    /// The bell has been silent for longer than publishers' heartbeat allows: full scans.
+    Stalled,
+    /// The journal cannot be read: full scans.
+    Failing,
+}
+
+/// A reader's view of the journal, as `status` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct JournalInfo {
+    pub state: JournalState,
+    /// When it entered that state.
+    #[serde(with = "unix_time")]
+    pub since: SystemTime,
+    /// Why it is not following (the error, or how long the bell has been silent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The publisher that rang last, and when (its clock, milliseconds since the epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_publisher: Option<String>,
+    pub last_ring_ms: u64,
+    pub poll_ms: u64,
+    pub polls: u64,
+    /// Objects the journal named, each making the reader look at it again.
+    pub named: u64,
+    /// Lines skipped because they were not whole records (a publisher that died mid-write).
+    pub torn: u64,
+    /// Times the reader lost track of records and scanned the whole remote instead.
+    pub gaps: u64,
+}
+
+impl Default for JournalInfo {
+    fn default() -> Self {
+        JournalInfo {
+            state: JournalState::Starting,
+            since: SystemTime::UNIX_EPOCH,
+            detail: None,
+            last_publisher: None,
+            last_ring_ms: 0,
+            poll_ms: 0,
+            polls: 0,
+            named: 0,
+            torn: 0,
+            gaps: 0,
+        }
+    }
 }
 
 /// The keeper of a mount, as `status` shows it.

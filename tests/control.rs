@@ -89,6 +89,7 @@ impl MountControl for Fake {
             log: None,
             daemon_pid: std::process::id(),
             keeper: None,
+            journal: None,
         }
     }
     fn refresh(&self) -> RoundReport {

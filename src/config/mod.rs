@@ -49,6 +49,10 @@ pub struct MountConfig {
     pub scan_timeout: Duration,
     pub hide_unhealthy: bool,
     pub inotify: bool,
+    /// Follow the remote's publication journal (DESIGN §14).
+    pub journal: bool,
+    /// Time between two reads of the journal's bell.
+    pub journal_poll: Duration,
     /// What allocations over a quota fail with: `ENOSPC` (as XFS project quotas and
     /// block-backed layers do) or `EDQUOT`.
     pub quota_errno: nix::errno::Errno,
@@ -97,6 +101,8 @@ impl Default for MountConfig {
             quota_errno: nix::errno::Errno::ENOSPC,
             quota_backend: crate::quota::Choice::Auto,
             inotify: true,
+            journal: true,
+            journal_poll: Duration::from_millis(200),
             metrics: None,
             expose_into: None,
         }

@@ -235,6 +235,42 @@ pub const OPTIONS: &[MountOption] = &[
         },
     },
     MountOption {
+        usage: "journal | nojournal",
+        flag: None,
+        meaning: "follow the remote's publication journal (`layerfs publish --watch` on writer \
+                  hosts): new images show within a poll, and rounds between records are \
+                  light scans whose cost does not grow with the tree; without a live \
+                  journal, every round is a full scan",
+        default: "journal",
+        keys: &["journal", "nojournal"],
+        takes_value: false,
+        apply: |c, g| {
+            c.journal = g.key == "journal";
+            Ok(())
+        },
+    },
+    MountOption {
+        usage: "journal_poll=MS",
+        flag: None,
+        meaning: "time between two reads of the journal's bell (one remote request each); \
+                  a suffix s or ms is accepted, plain numbers are milliseconds",
+        default: "200ms",
+        keys: &["journal_poll"],
+        takes_value: true,
+        apply: |c, g| {
+            let poll = if g.value.bytes().all(|b| b.is_ascii_digit()) {
+                parse_duration(g.opt, &format!("{}ms", g.value))?
+            } else {
+                parse_duration(g.opt, g.value)?
+            };
+            if poll < std::time::Duration::from_millis(10) {
+                return Err(g.bad("must be at least 10 ms"));
+            }
+            c.journal_poll = poll;
+            Ok(())
+        },
+    },
+    MountOption {
         usage: "threads=N",
         flag: None,
         meaning: "threads reading and serving requests (fsync and requests that may wait on \

@@ -299,6 +299,7 @@ mod tests {
                 log: None,
                 daemon_pid: 4242,
                 keeper: None,
+                journal: None,
             }
         }
         fn refresh(&self) -> RoundReport {

@@ -6,11 +6,49 @@ use std::fmt::Write;
 use std::time::{Duration, SystemTime};
 
 use crate::quota::size::human;
-use crate::report::{ImageInfo, Kind, LayerInfo, QuotaInfo, RoundReport, Status};
+use crate::report::{
+    ImageInfo, JournalInfo, JournalState, Kind, LayerInfo, QuotaInfo, RoundReport, Status,
+};
 
 /// Ids in table columns that point elsewhere (parents, top layers) are cut to this many
 /// characters, as `docker` does; the full id is in the `ID` column of the other table.
 const SHORT_ID: usize = 12;
+
+/// The `journal` line of `status`.
+fn journal(j: &JournalInfo, now: f64) -> String {
+    let since = when(secs(j.since), now);
+    let mut text = match j.state {
+        JournalState::Starting => "starting".to_owned(),
+        JournalState::Following => format!(
+            "following since {since} (bell read every {}; light scans between records)",
+            millis(j.poll_ms as f64)
+        ),
+        JournalState::Absent => {
+            "none in the remote (no publisher): full scans every round".to_owned()
+        }
+        JournalState::Stalled => format!("STALLED since {since}: full scans every round"),
+        JournalState::Failing => format!("UNREADABLE since {since}: full scans every round"),
+    };
+    if let Some(detail) = &j.detail {
+        let _ = write!(text, " ({detail})");
+    }
+    if let Some(publisher) = &j.last_publisher {
+        let _ = write!(
+            text,
+            "; last ring by {publisher} {}",
+            when(j.last_ring_ms as f64 / 1000.0, now)
+        );
+    }
+    let _ = write!(
+        text,
+        "; {} named, {} torn, {} gap{}",
+        j.named,
+        j.torn,
+        j.gaps,
+        if j.gaps == 1 { "" } else { "s" }
+    );
+    text
+}
 
 /// `layerfs status`: what the mount is, how its remote is, what the last round found, and
 /// why each object that is not shown is not ready.
@@ -77,6 +115,9 @@ pub fn status(s: &Status, now: f64) -> String {
             count(s.rounds as usize, "round")
         ),
     );
+    if let Some(j) = &s.journal {
+        line("journal", &journal(j, now));
+    }
     match &s.last_round {
         None => {
             line("last round", "none yet");
@@ -507,6 +548,7 @@ mod tests {
             log: None,
             daemon_pid: 4242,
             keeper: None,
+            journal: None,
         }
     }
 

@@ -54,6 +54,8 @@ pub(super) struct AreaCache<T> {
     errors: BTreeMap<String, String>,
     /// Why the area itself could not be read in the last scan.
     problem: Option<String>,
+    /// Where the next light scan's rotation begins (an index into `entries`).
+    cursor: usize,
 }
 
 impl<T> Default for AreaCache<T> {
@@ -63,6 +65,7 @@ impl<T> Default for AreaCache<T> {
             entries: Vec::new(),
             errors: BTreeMap::new(),
             problem: None,
+            cursor: 0,
         }
     }
 }
@@ -100,6 +103,10 @@ pub(super) fn ms(d: Duration) -> f64 {
 pub(super) struct Slice {
     pub(super) scan: u64,
     pub(super) every: u32,
+    /// A light scan (a journal tells what changed): this many objects per area, in turn,
+    /// instead of a fraction of them, and no object looked at only because the area's
+    /// listing moved or the area's policy says every one.
+    pub(super) light: Option<usize>,
     /// Not about slices, but needed in the same places: see [`settled`].
     pub(super) margin: Duration,
 }
@@ -310,12 +317,25 @@ fn refresh_objects<T: HasFingerprint>(
         cache.entries = entries;
     }
     // A listing that moved may hide an object deleted and created again under the same
-    // name since the last scan: every object of the area is looked at once more.
-    let look_at_all = !listing_valid || policy == AreaPolicy::StatEveryObject;
-
-    for entry in &mut cache.entries {
-        let name: &str = &entry.name;
-        let due = slice.due(entry.slot);
+    // name since the last scan: every object of the area is looked at once more (unless a
+    // journal names what changed: then only the new names are).
+    let look_at_all =
+        slice.light.is_none() && (!listing_valid || policy == AreaPolicy::StatEveryObject);
+    let len = cache.entries.len();
+    let turn = slice
+        .light
+        .map(|budget| (cache.cursor % len.max(1), budget.min(len)));
+    if let Some((start, count)) = turn {
+        cache.cursor = (start + count) % len.max(1);
+    }
+    let AreaCache {
+        entries, errors, ..
+    } = cache;
+    for (at, entry) in entries.iter_mut().enumerate() {
+        let due = match turn {
+            Some((start, count)) => (at + len - start) % len < count,
+            None => slice.due(entry.slot),
+        };
         if !look_at_all && !due {
             let trusted = entry.seen.as_ref().is_some_and(|seen| {
                 seen.probed.as_ref().is_ok_and(|facts| !facts.faulty())
@@ -326,80 +346,162 @@ fn refresh_objects<T: HasFingerprint>(
                 continue;
             }
         }
-        let st = match dir.lstat(name) {
-            Ok(st) => st,
-            Err(EntryError::Missing) => {
+        look_at(&dir, &path, entry, probe, due, now, slice, tally, errors)?;
+    }
+    Ok(None)
+}
+
+/// Brings the named objects of one area up to date, whatever their stamps and the area's
+/// listing say: what a journal record asks for. A named object not in the listing yet is
+/// added to it; the next scan lists the area anyway (its stamp moved).
+pub(super) fn refresh_named<T: HasFingerprint>(
+    root: &DirHandle,
+    components: &[&str],
+    cache: &mut AreaCache<T>,
+    probe: Probe<T>,
+    names: &BTreeSet<String>,
+    slice: Slice,
+    tally: &mut Tally,
+) -> Result<(), ScanFailure> {
+    let path = components.join("/");
+    let dir = match walk(root, components) {
+        Ok(Some(dir)) => dir,
+        // No area: the named objects are not there; the next scan says why.
+        Ok(None) => {
+            for entry in cache
+                .entries
+                .iter_mut()
+                .filter(|e| names.contains(&*e.name))
+            {
                 if entry.seen.take().is_some() {
-                    tally.changed(name);
+                    tally.changed(&entry.name);
                 }
-                continue;
             }
-            Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
-            Err(e) => {
-                tally.changed(name);
-                entry.seen = None;
-                cache
-                    .errors
-                    .insert(name.to_owned(), format!("{path}/{name}: {e}"));
-                continue;
+            return Ok(());
+        }
+        Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
+        Err(_) => {
+            tally.everything();
+            return Ok(());
+        }
+    };
+    let now = SystemTime::now();
+    for name in names.iter().filter(|n| isulad::is_object_id(n)) {
+        let at = match cache.entries.binary_search_by(|e| (*e.name).cmp(name)) {
+            Ok(at) => at,
+            Err(at) => {
+                cache.entries.insert(
+                    at,
+                    Entry {
+                        slot: slot_of(name),
+                        name: name.clone().into_boxed_str(),
+                        seen: None,
+                    },
+                );
+                at
             }
         };
-        let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
-        if kind != SFlag::S_IFDIR && kind != SFlag::S_IFLNK {
-            // Garbage named like an id: never an object (as a full scan skips it).
+        cache.errors.remove(name.as_str());
+        let entry = &mut cache.entries[at];
+        look_at(
+            &dir,
+            &path,
+            entry,
+            probe,
+            true,
+            now,
+            slice,
+            tally,
+            &mut cache.errors,
+        )?;
+    }
+    Ok(())
+}
+
+/// Looks at one object directory: `lstat`, and a probe if its stamps moved (or, when `due`,
+/// if any of its files' did).
+#[allow(clippy::too_many_arguments)]
+fn look_at<T: HasFingerprint>(
+    dir: &DirHandle,
+    path: &str,
+    entry: &mut Entry<T>,
+    probe: Probe<T>,
+    due: bool,
+    now: SystemTime,
+    slice: Slice,
+    tally: &mut Tally,
+    errors: &mut BTreeMap<String, String>,
+) -> Result<(), ScanFailure> {
+    let name: &str = &entry.name;
+    let st = match dir.lstat(name) {
+        Ok(st) => st,
+        Err(EntryError::Missing) => {
             if entry.seen.take().is_some() {
                 tally.changed(name);
             }
-            continue;
+            return Ok(());
         }
-        let stamp = stamp_of(&st);
-        let reusable = entry.seen.as_ref().is_some_and(|seen| {
-            let Ok(facts) = &seen.probed else {
-                return false;
-            };
-            // A file found faulty may be mended in place, which the directory's stamp does
-            // not show: its files are looked at every scan.
-            seen.stamp == stamp
-                && settled(&seen.stamp, seen.read_at, slice.margin)
-                && ((!due && !facts.faulty()) || files_unchanged(&dir, name, seen))
-        });
-        if reusable {
-            tally.stats.reused += 1;
-            continue;
+        Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}: {e}"))),
+        Err(e) => {
+            tally.changed(name);
+            entry.seen = None;
+            errors.insert(name.to_owned(), format!("{path}/{name}: {e}"));
+            return Ok(());
         }
-        tally.stats.probed += 1;
-        let prev = entry.seen.as_ref().and_then(|s| s.probed.as_ref().ok());
-        let probed = match dir.subdir(name) {
-            Ok(object) => probe(&object, name, prev.map(|f| f.fingerprint())),
-            Err(EntryError::Missing) => {
-                if entry.seen.take().is_some() {
-                    tally.changed(name);
-                }
-                continue;
-            }
-            Err(e) if is_remote_failure(&e) => {
-                return Err(ScanFailure(format!("{path}/{name}: {e}")))
-            }
-            Err(e) => Err(format!("{path}/{name}: {e}")),
-        };
-        // Read again with the same outcome (a stamp not yet settled, a pull still in
-        // progress): nothing for the readiness rules. Equal fingerprints mean equal facts,
-        // since they carry the directory's stamp and a hash of every file the facts come from.
-        let same_outcome = match (entry.seen.as_ref().map(|s| &s.probed), &probed) {
-            (Some(Err(old)), Err(new)) => old == new,
-            (Some(Ok(old)), Ok(new)) => old.fingerprint() == new.fingerprint(),
-            _ => false,
-        };
-        if !same_outcome {
+    };
+    let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+    if kind != SFlag::S_IFDIR && kind != SFlag::S_IFLNK {
+        // Garbage named like an id: never an object (as a full scan skips it).
+        if entry.seen.take().is_some() {
             tally.changed(name);
         }
-        entry.seen = Some(Seen {
-            stamp,
-            read_at: now,
-            probed,
-        });
+        return Ok(());
     }
-    Ok(None)
+    let stamp = stamp_of(&st);
+    let reusable = entry.seen.as_ref().is_some_and(|seen| {
+        let Ok(facts) = &seen.probed else {
+            return false;
+        };
+        // A file found faulty may be mended in place, which the directory's stamp does
+        // not show: its files are looked at every scan.
+        seen.stamp == stamp
+            && settled(&seen.stamp, seen.read_at, slice.margin)
+            && ((!due && !facts.faulty()) || files_unchanged(dir, name, seen))
+    });
+    if reusable {
+        tally.stats.reused += 1;
+        return Ok(());
+    }
+    tally.stats.probed += 1;
+    let prev = entry.seen.as_ref().and_then(|s| s.probed.as_ref().ok());
+    let probed = match dir.subdir(name) {
+        Ok(object) => probe(&object, name, prev.map(|f| f.fingerprint())),
+        Err(EntryError::Missing) => {
+            if entry.seen.take().is_some() {
+                tally.changed(name);
+            }
+            return Ok(());
+        }
+        Err(e) if is_remote_failure(&e) => return Err(ScanFailure(format!("{path}/{name}: {e}"))),
+        Err(e) => Err(format!("{path}/{name}: {e}")),
+    };
+    // Read again with the same outcome (a stamp not yet settled, a pull still in
+    // progress): nothing for the readiness rules. Equal fingerprints mean equal facts,
+    // since they carry the directory's stamp and a hash of every file the facts come from.
+    let same_outcome = match (entry.seen.as_ref().map(|s| &s.probed), &probed) {
+        (Some(Err(old)), Err(new)) => old == new,
+        (Some(Ok(old)), Ok(new)) => old.fingerprint() == new.fingerprint(),
+        _ => false,
+    };
+    if !same_outcome {
+        tally.changed(name);
+    }
+    entry.seen = Some(Seen {
+        stamp,
+        read_at: now,
+        probed,
+    });
+    Ok(())
 }
 
 /// One area's cache, as the readiness rules look objects up in it.

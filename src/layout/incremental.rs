@@ -58,14 +58,15 @@
 //! be opened or an area fails with an error that says the remote itself is in trouble
 //! (`EIO`, `ENOTCONN`, `ESTALE`, a network error): the caller keeps what it had.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::area::{
-    area_facts, ms, refresh_area, AreaCache, AreaPolicy, AreaView, ScanFailure, ScanStats, Slice,
-    Tally,
+    area_facts, ms, refresh_area, refresh_named, AreaCache, AreaPolicy, AreaView, ScanFailure,
+    ScanStats, Slice, Tally,
 };
 use super::nofollow::DirHandle;
 #[cfg(test)]
@@ -87,6 +88,8 @@ pub struct Scanner {
     pub full_check_every: u32,
     /// How old a stamp must be to be trusted; [`RACY_MARGIN`] unless a test says otherwise.
     pub racy_margin: Duration,
+    /// Light scans (see [`Scanner::set_light`]): the objects per area looked at in turn.
+    light: Option<usize>,
     scans: u64,
     overlay: AreaCache<scan::OverlayFacts>,
     layers: AreaCache<scan::LayerFacts>,
@@ -105,6 +108,7 @@ impl Scanner {
             driver: driver.to_owned(),
             full_check_every: 16,
             racy_margin: RACY_MARGIN,
+            light: None,
             scans: 0,
             overlay: AreaCache::default(),
             layers: AreaCache::default(),
@@ -113,6 +117,73 @@ impl Scanner {
             changes: Changes::default(),
             judged: Judged::default(),
         }
+    }
+
+    /// Makes the following scans light, or full again. A light scan is for a reader that
+    /// follows a journal, which names what changed ([`Scanner::scan_named`]): it still
+    /// notices objects added to or removed from an area (the area's stamp moves) and
+    /// probes objects not ready yet, but otherwise looks at only `budget` objects per area,
+    /// in turn, so that its cost does not grow with the tree. What it no longer sees at
+    /// once (a re-tag by a writer without a publisher, an object deleted and created again
+    /// under its name) waits for the rotation to reach it.
+    pub fn set_light(&mut self, budget: Option<usize>) {
+        self.light = budget;
+    }
+
+    /// Brings the named objects up to date, whatever their stamps say, and judges again
+    /// what depends on them: `Ok(None)` when none of them changed. Nothing else of the
+    /// remote is read.
+    pub fn scan_named(
+        &mut self,
+        layers: &BTreeSet<String>,
+        images: &BTreeSet<String>,
+    ) -> Result<Option<LayoutIndex>, ScanFailure> {
+        if !is_driver_name(&self.driver) || self.scans == 0 {
+            return self.scan_if_changed(false);
+        }
+        self.stats = ScanStats::default();
+        let root = self.open_root()?;
+        let (overlay_dir, layers_dir, images_dir) = self.area_dirs();
+        let slice = self.slice();
+        let mut tallies: [Tally; 3] = Default::default();
+        let [overlay_tally, layers_tally, images_tally] = &mut tallies;
+        let results = [
+            refresh_named(
+                &root,
+                &[&overlay_dir, "RO"],
+                &mut self.overlay,
+                scan::probe_overlay,
+                layers,
+                slice,
+                overlay_tally,
+            ),
+            refresh_named(
+                &root,
+                &[&layers_dir, "RO"],
+                &mut self.layers,
+                scan::probe_layer,
+                layers,
+                slice,
+                layers_tally,
+            ),
+            refresh_named(
+                &root,
+                &[&images_dir],
+                &mut self.images,
+                scan::probe_image,
+                images,
+                slice,
+                images_tally,
+            ),
+        ];
+        self.absorb(tallies);
+        for result in results {
+            result?;
+        }
+        if !self.stats.dirty && self.changes.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.index(true)))
     }
 
     /// What the last scan read.
@@ -233,14 +304,9 @@ impl Scanner {
         }
         self.stats = ScanStats::default();
         self.scans = self.scans.wrapping_add(1);
-        let root = DirHandle::open_root(&self.root)
-            .map_err(|e| ScanFailure(format!("remote root {}: {e}", self.root.display())))?;
+        let root = self.open_root()?;
         let (overlay_dir, layers_dir, images_dir) = self.area_dirs();
-        let slice = Slice {
-            scan: self.scans,
-            every: self.full_check_every.max(1),
-            margin: self.racy_margin,
-        };
+        let slice = self.slice();
         let mut tallies: [Tally; 3] = Default::default();
         let [overlay_tally, layers_tally, images_tally] = &mut tallies;
         // The two layer areas are as large as each other and independent: the overlay area
@@ -289,6 +355,30 @@ impl Scanner {
             [overlay.unwrap_or(Ok(())), layers, images]
         });
         // What the areas noted stands even if one of them failed: their caches moved on.
+        self.absorb(tallies);
+        for result in results {
+            result?;
+        }
+        Ok(true)
+    }
+
+    fn open_root(&self) -> Result<DirHandle, ScanFailure> {
+        DirHandle::open_root(&self.root)
+            .map_err(|e| ScanFailure(format!("remote root {}: {e}", self.root.display())))
+    }
+
+    fn slice(&self) -> Slice {
+        Slice {
+            scan: self.scans,
+            every: self.full_check_every.max(1),
+            light: self.light,
+            margin: self.racy_margin,
+        }
+    }
+
+    /// Adds what the three areas' refreshes (overlay, layers, images) noted to the scan's
+    /// stats and to the changes the next index judges again.
+    fn absorb(&mut self, tallies: [Tally; 3]) {
         for (area, tally) in tallies.into_iter().enumerate() {
             self.stats.listed += tally.stats.listed;
             self.stats.probed += tally.stats.probed;
@@ -302,9 +392,5 @@ impl Scanner {
             };
             ids.extend(tally.ids);
         }
-        for result in results {
-            result?;
-        }
-        Ok(true)
     }
 }

@@ -57,6 +57,7 @@ pub use area::{ScanFailure, ScanStats};
 pub use fingerprint::{Fingerprint, Part, Stamp};
 pub use incremental::{Scanner, RACY_MARGIN};
 pub(crate) use isulad::config_file_name as isulad_config_file_name;
+pub(crate) use isulad::is_object_id;
 pub use nofollow::{note_shortage, ran_short};
 
 /// The most parents a layer may have: overlayfs stacks at most this many lower dirs as

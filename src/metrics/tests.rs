@@ -81,6 +81,7 @@ impl Fake {
                 log: None,
                 daemon_pid: 4242,
                 keeper: None,
+                journal: None,
             }),
         })
     }

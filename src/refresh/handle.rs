@@ -10,7 +10,9 @@ use std::time::{Duration, SystemTime};
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::Mutex;
 
+use super::journal::Journal;
 use super::{not_ready_refs, MountInfo, Options};
+use crate::journal::follow::Named;
 use crate::report::{ImageInfo, LayerInfo, RemoteHealth, RoundReport, Status};
 use crate::view::View;
 
@@ -22,6 +24,10 @@ pub(super) enum Request {
     Wake,
     /// Rounds from now on run at this interval (zero: only on demand).
     Interval(Duration),
+    /// The journal named these objects: look at them (and nothing else) now.
+    Named(Named),
+    /// The journal lost track of records: a full round now.
+    Gap(String),
     Stop,
 }
 
@@ -44,6 +50,8 @@ pub struct RefreshHandle {
     pub(super) view: Arc<View>,
     pub(super) info: MountInfo,
     pub(super) options: Options,
+    /// How the journal is followed, when it is.
+    pub(super) journal: Option<Arc<Journal>>,
 }
 
 impl RefreshHandle {
@@ -118,6 +126,7 @@ impl RefreshHandle {
             log: None,
             daemon_pid: std::process::id(),
             keeper: None,
+            journal: self.journal.as_ref().map(|j| j.info()),
         }
     }
 

@@ -67,6 +67,7 @@ pub mod anchor;
 pub mod diff;
 mod handle;
 pub mod invalidate;
+pub mod journal;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -81,6 +82,7 @@ use crossbeam_channel::{bounded, never, select, tick, unbounded, Receiver};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
+use crate::journal::follow::Named;
 use crate::layout::{self, LayoutIndex, Scanner};
 use crate::notice::{Notice, Notices};
 use crate::report::{Kind, NotReadyRef, RemoteHealth, RoundReport};
@@ -106,6 +108,22 @@ pub struct Options {
     pub hide_unhealthy: bool,
     /// Watch the remote with inotify when it is a local filesystem.
     pub inotify: bool,
+    /// Follow the remote's publication journal when there is one (DESIGN §14).
+    pub journal: bool,
+    /// Time between two reads of the journal's bell.
+    pub journal_poll: Duration,
+}
+
+/// What a light scan looks at per area besides what changed: objects taken in turn.
+const LIGHT_BUDGET: usize = 1;
+
+/// What a round reads of the remote.
+#[derive(Debug, Clone)]
+enum Scope {
+    /// Every area; `light` when the journal is followed (see [`Scanner::set_light`]).
+    Whole { light: bool },
+    /// Only the objects a journal named.
+    Named(Named),
 }
 
 impl Default for Options {
@@ -115,6 +133,8 @@ impl Default for Options {
             scan_timeout: Duration::from_secs(30),
             hide_unhealthy: false,
             inotify: true,
+            journal: true,
+            journal_poll: Duration::from_millis(200),
         }
     }
 }
@@ -139,9 +159,35 @@ pub trait Source: Send + 'static {
     fn anchor(&mut self) -> Option<Result<Probed, String>> {
         None
     }
+
+    /// Brings only the named objects up to date (a journal named them); by default, a scan.
+    fn scan_named(&mut self, named: &Named) -> Result<Option<LayoutIndex>, String> {
+        let _ = named;
+        self.scan(false)
+    }
+
+    /// Makes the following scans light or full (see [`Scanner::set_light`]).
+    fn set_light(&mut self, budget: Option<usize>) {
+        let _ = budget;
+    }
 }
 
 impl Source for Scanner {
+    fn scan_named(&mut self, named: &Named) -> Result<Option<LayoutIndex>, String> {
+        let result = Scanner::scan_named(self, &named.layers, &named.images).map_err(|e| e.0);
+        debug!(
+            layers = named.layers.len(),
+            images = named.images.len(),
+            changed = matches!(result, Ok(Some(_))),
+            "named objects scanned"
+        );
+        result
+    }
+
+    fn set_light(&mut self, budget: Option<usize>) {
+        Scanner::set_light(self, budget);
+    }
+
     fn scan(&mut self, force: bool) -> Result<Option<LayoutIndex>, String> {
         let result = Scanner::scan_if_changed(self, force).map_err(|e| e.0);
         let stats = self.stats();
@@ -215,6 +261,8 @@ pub struct Refresher {
     /// failure).
     force: bool,
     watcher: Option<watch::Watcher>,
+    /// The journal follower's state, when the journal is followed.
+    journal: Option<Arc<journal::Journal>>,
 }
 
 impl Refresher {
@@ -239,6 +287,8 @@ impl Refresher {
         }));
         let remote = info.remote.clone();
         let accept_empty = Arc::new(AtomicBool::new(false));
+        let journal = (options.journal && !options.interval.is_zero())
+            .then(|| Arc::new(journal::Journal::new(options.journal_poll)));
         let handle = Arc::new(RefreshHandle {
             tx,
             accept_empty: accept_empty.clone(),
@@ -246,6 +296,7 @@ impl Refresher {
             view: view.clone(),
             info,
             options: options.clone(),
+            journal: journal.clone(),
         });
         Refresher {
             view,
@@ -263,6 +314,7 @@ impl Refresher {
             accept_empty,
             force: true,
             watcher: None,
+            journal,
         }
     }
 
@@ -282,14 +334,33 @@ impl Refresher {
         self.notices = Some(notices);
         if self.options.inotify && !self.options.interval.is_zero() {
             let driver = self.handle.info.driver.clone();
-            self.watcher = watch::Watcher::start(&self.remote, &driver, &self.handle);
+            let handle = Arc::downgrade(&self.handle);
+            let wake = Box::new(move || {
+                handle
+                    .upgrade()
+                    .is_some_and(|h| h.tx.send(Request::Wake).is_ok())
+            });
+            self.watcher = watch::Watcher::start(&self.remote, &driver, watch::Writers::Any, wake);
             if let Some(w) = &mut self.watcher {
                 w.update(&self.view.index());
             }
         }
+        if let Some(journal) = &self.journal {
+            let tx = self.handle.tx.clone();
+            if let Err(e) = journal::start(self.remote.clone(), journal.clone(), tx) {
+                warn!(error = %e, "journal thread not started: full scans every round");
+                self.journal = None;
+            }
+        }
         std::thread::Builder::new()
             .name("refresh".into())
-            .spawn(move || self.run())
+            .spawn(move || {
+                let journal = self.journal.clone();
+                self.run();
+                if let Some(journal) = journal {
+                    journal.stop();
+                }
+            })
     }
 
     fn run(mut self) {
@@ -302,52 +373,65 @@ impl Refresher {
         };
         let mut ticker = ticker_for(self.options.interval);
         loop {
-            let mut replies = Vec::new();
+            let mut asked = Asked::default();
             select! {
                 recv(self.rx) -> msg => match msg {
-                    Ok(Request::Round(reply)) => replies.extend(reply),
                     Ok(Request::Wake) => {
                         // Let a burst of events settle into one round.
+                        asked.whole = true;
                         let deadline = Instant::now() + DEBOUNCE;
                         while let Ok(msg) = self.rx.recv_deadline(deadline) {
-                            match msg {
-                                Request::Round(reply) => replies.extend(reply),
-                                Request::Wake => {}
-                                Request::Interval(i) => ticker = ticker_for(i),
-                                Request::Stop => return,
+                            if !asked.take(msg, &mut ticker, ticker_for) {
+                                return;
                             }
                         }
                     }
-                    Ok(Request::Interval(i)) => {
-                        ticker = ticker_for(i);
-                        continue;
+                    Ok(msg) => {
+                        if !asked.take(msg, &mut ticker, ticker_for) {
+                            return;
+                        }
                     }
-                    Ok(Request::Stop) | Err(_) => return,
+                    Err(_) => return,
                 },
-                recv(ticker) -> _ => {}
+                recv(ticker) -> _ => asked.whole = true,
             }
             // Everybody who asked before this round starts gets this round's report.
             while let Ok(msg) = self.rx.try_recv() {
-                match msg {
-                    Request::Round(reply) => replies.extend(reply),
-                    Request::Wake => {}
-                    Request::Interval(i) => ticker = ticker_for(i),
-                    Request::Stop => return,
+                if !asked.take(msg, &mut ticker, ticker_for) {
+                    return;
                 }
             }
-            let report = self.round();
-            for reply in replies {
+            if let Some(why) = &asked.gap {
+                debug!(%why, "journal lost track of records: a full round");
+            }
+            let scope = if asked.gap.is_some() || !asked.replies.is_empty() {
+                Scope::Whole { light: false }
+            } else if asked.whole {
+                let light = self.journal.as_ref().is_some_and(|j| j.live());
+                Scope::Whole { light }
+            } else if !asked.named.is_empty() {
+                Scope::Named(asked.named)
+            } else {
+                continue;
+            };
+            let report = self.round_of(scope);
+            for reply in asked.replies {
                 let _ = reply.send(report.clone());
             }
         }
     }
 
-    /// Runs one round: scan, diff, swap, invalidate; updates `status`.
+    /// Runs one full round: scan, diff, swap, invalidate; updates `status`.
     pub fn round(&mut self) -> RoundReport {
+        self.round_of(Scope::Whole { light: false })
+    }
+
+    /// Runs one round over `scope`: scan, diff, swap, invalidate; updates `status`.
+    fn round_of(&mut self, scope: Scope) -> RoundReport {
         let started = SystemTime::now();
         let clock = Instant::now();
         let scanned = self
-            .scan()
+            .scan(scope)
             .and_then(|scanned| self.accept(scanned).map_err(Failure::Remote));
         let (diff, error) = match scanned {
             Ok(None) => {
@@ -531,7 +615,7 @@ impl Refresher {
     }
 
     /// Runs the scan on a disposable thread, waiting at most the scan timeout.
-    fn scan(&mut self) -> Result<Scanned, Failure> {
+    fn scan(&mut self, scope: Scope) -> Result<Scanned, Failure> {
         let source = match self.slot.take() {
             Some(Slot::Idle(source)) => source,
             Some(Slot::Busy { rx, since }) => match rx.try_recv() {
@@ -561,10 +645,19 @@ impl Refresher {
             .spawn(move || {
                 let mut source = source;
                 layout::ran_short();
-                let result = catch_unwind(AssertUnwindSafe(|| {
-                    let probed = source.anchor().transpose()?;
-                    let index = source.scan(force)?;
-                    Ok(Scanned { index, probed })
+                let result = catch_unwind(AssertUnwindSafe(|| match scope {
+                    // Named objects only: the areas and the root are the next round's.
+                    Scope::Named(named) if !force => Ok(Scanned {
+                        index: source.scan_named(&named)?,
+                        probed: None,
+                    }),
+                    scope => {
+                        let light = matches!(scope, Scope::Whole { light: true }) && !force;
+                        source.set_light(light.then_some(LIGHT_BUDGET));
+                        let probed = source.anchor().transpose()?;
+                        let index = source.scan(force)?;
+                        Ok(Scanned { index, probed })
+                    }
                 }))
                 .unwrap_or_else(|_| Err("the scan panicked".to_owned()));
                 let result = match layout::ran_short() {
@@ -642,6 +735,40 @@ impl Refresher {
             }
         }
         self.reasons = now;
+    }
+}
+
+/// What was asked of the refresher since its last round.
+#[derive(Default)]
+struct Asked {
+    replies: Vec<crossbeam_channel::Sender<RoundReport>>,
+    /// A round over every area (timer, inotify).
+    whole: bool,
+    /// A full round, never light: why the journal lost track.
+    gap: Option<String>,
+    named: Named,
+}
+
+impl Asked {
+    /// Takes one request in; `false` for a stop.
+    fn take(
+        &mut self,
+        msg: Request,
+        ticker: &mut Receiver<Instant>,
+        ticker_for: impl Fn(Duration) -> Receiver<Instant>,
+    ) -> bool {
+        match msg {
+            Request::Round(reply) => {
+                self.whole = true;
+                self.replies.extend(reply);
+            }
+            Request::Wake => self.whole = true,
+            Request::Interval(i) => *ticker = ticker_for(i),
+            Request::Named(named) => self.named.extend(named),
+            Request::Gap(why) => self.gap = Some(why),
+            Request::Stop => return false,
+        }
+        true
     }
 }
 

@@ -129,6 +129,8 @@ fn options(hide: bool) -> Options {
         scan_timeout: Duration::from_millis(500),
         hide_unhealthy: hide,
         inotify: false,
+        journal: false,
+        journal_poll: Duration::from_millis(200),
     }
 }
 

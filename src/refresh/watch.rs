@@ -13,12 +13,24 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
-use super::{RefreshHandle, Request};
 use crate::layout::LayoutIndex;
+
+/// Called on every batch of events; `false` once nobody listens any more, which ends the
+/// watching thread.
+pub type Wake = Box<dyn Fn() -> bool + Send>;
+
+/// Whose writes a watcher is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writers {
+    /// Anybody's: only worth watching where every write goes through this kernel.
+    Any,
+    /// This host's own: inotify reports them on any filesystem, NFS and FUSE included.
+    ThisHost,
+}
 
 /// Each watch pins an inode in the kernel; beyond this many only the areas are watched.
 pub const MAX_WATCHES: usize = 16384;
@@ -44,9 +56,11 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// Starts watching `remote`, unless it is a network or FUSE filesystem (then `None`).
-    pub fn start(remote: &Path, driver: &str, handle: &Arc<RefreshHandle>) -> Option<Watcher> {
+    /// Starts watching `remote`; for [`Writers::Any`], not if it is a network or FUSE
+    /// filesystem (then `None`).
+    pub fn start(remote: &Path, driver: &str, writers: Writers, wake: Wake) -> Option<Watcher> {
         match nix::sys::statfs::statfs(remote) {
+            Ok(_) if writers == Writers::ThisHost => {}
             Ok(fs) if REMOTE_FS.contains(&fs.filesystem_type().0) => {
                 tracing::debug!("remote is a network filesystem: no inotify, timer only");
                 return None;
@@ -65,10 +79,9 @@ impl Watcher {
             }
         };
         let reader = inotify.clone();
-        let handle = Arc::downgrade(handle);
         let spawned = std::thread::Builder::new()
             .name("refresh-inotify".into())
-            .spawn(move || read_events(&reader, &handle));
+            .spawn(move || read_events(&reader, wake));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "inotify thread not started");
             return None;
@@ -151,15 +164,14 @@ impl Watcher {
     }
 }
 
-/// Turns events into wake-ups until the mount's handle is gone.
-fn read_events(inotify: &Inotify, handle: &Weak<RefreshHandle>) {
+/// Turns events into wake-ups until nobody listens.
+fn read_events(inotify: &Inotify, wake: Wake) {
     loop {
         match inotify.read_events() {
             Ok(events) if !events.is_empty() => {
-                let Some(handle) = handle.upgrade() else {
+                if !wake() {
                     return;
-                };
-                let _ = handle.tx.send(Request::Wake);
+                }
             }
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => {}
