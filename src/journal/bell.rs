@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::record::{check_of, is_publisher_name};
+use super::{Page, PAGE};
 
 /// The bell's size in bytes: one line, padded with spaces.
 pub const BELL_SIZE: usize = 256;
@@ -97,17 +98,13 @@ pub struct BellReader {
     buf: Box<Page>,
 }
 
-/// `O_DIRECT` wants a buffer aligned to the device's blocks: a page is.
-#[repr(align(4096))]
-struct Page([u8; 4096]);
-
 impl BellReader {
     pub fn new(path: &Path) -> BellReader {
         BellReader {
             path: path.to_owned(),
             open: None,
             direct: true,
-            buf: Box::new(Page([0; 4096])),
+            buf: Box::new(Page([0; PAGE])),
         }
     }
 
@@ -139,27 +136,18 @@ impl BellReader {
     }
 
     fn open_bell(&mut self) -> io::Result<File> {
-        let plain = || {
-            OpenOptions::new()
+        if !self.direct {
+            return OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_NOFOLLOW)
-                .open(&self.path)
-        };
-        if !self.direct {
-            return plain();
+                .open(&self.path);
         }
-        match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
-            .open(&self.path)
-        {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                tracing::debug!(path = %self.path.display(), "no O_DIRECT here: the bell is opened for every read");
-                self.direct = false;
-                plain()
-            }
-            other => other,
+        let (file, direct) = super::open_direct(&self.path)?;
+        if !direct {
+            tracing::debug!(path = %self.path.display(), "no O_DIRECT here: the bell is opened for every read");
+            self.direct = false;
         }
+        Ok(file)
     }
 }
 

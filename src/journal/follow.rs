@@ -15,6 +15,10 @@ use super::record::Body;
 use super::segment::{self, Chunk};
 use crate::report::Kind;
 
+/// A ring is followed by a read of every publisher's segments at least this often, even
+/// when it names nothing new.
+const LOOK_AT_ALL: Duration = Duration::from_secs(30);
+
 /// Ids a journal named since the last poll.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Named {
@@ -65,6 +69,8 @@ pub struct Follower {
     last: Option<Vec<u8>>,
     last_change: Instant,
     positions: BTreeMap<String, Position>,
+    /// When every publisher's segments were last read.
+    caught_up: Instant,
     /// What rings said a publisher's segment holds, until the follower has read that far
     /// (a file's new end can reach a reader after the ring does).
     owed: BTreeMap<String, Position>,
@@ -78,6 +84,7 @@ impl Follower {
             dir,
             last: None,
             last_change: Instant::now(),
+            caught_up: Instant::now(),
             positions: BTreeMap::new(),
             owed: BTreeMap::new(),
         }
@@ -113,18 +120,32 @@ impl Follower {
             heard.gap = Some("started following the journal".into());
             return Ok(heard);
         }
-        if let Some(ring) = &heard.ring {
-            let at = Position {
-                generation: ring.generation,
-                offset: ring.length,
-            };
-            let read = self.positions.get(&ring.publisher).copied();
-            if rang && read.is_none_or(|r| (r.generation, r.offset) < (at.generation, at.offset)) {
-                self.owed.insert(ring.publisher.clone(), at);
+        // A ring says how far its publisher's journal goes: one the follower has read that
+        // far (a heartbeat) needs no reading, unless it hides another publisher's ring that
+        // came just before, which the next ring of that one names (at most a heartbeat
+        // later), or the periodic look at all of them finds.
+        let news = match &heard.ring {
+            Some(ring) if rang => {
+                let at = Position {
+                    generation: ring.generation,
+                    offset: ring.length,
+                };
+                let read = self.positions.get(&ring.publisher).copied();
+                let behind =
+                    read.is_none_or(|r| (r.generation, r.offset) < (at.generation, at.offset));
+                if behind {
+                    self.owed.insert(ring.publisher.clone(), at);
+                }
+                behind
             }
-        }
-        if rang || !self.owed.is_empty() {
+            // A garbled ring: who knows what it said.
+            None => rang,
+            Some(_) => false,
+        };
+        let due = rang && self.caught_up.elapsed() >= LOOK_AT_ALL;
+        if news || due || !self.owed.is_empty() {
             self.catch_up(&mut heard)?;
+            self.caught_up = Instant::now();
         }
         Ok(heard)
     }

@@ -56,6 +56,38 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// A page of memory aligned as `O_DIRECT` wants its buffers.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+pub(crate) struct Page(pub(crate) [u8; PAGE]);
+
+pub(crate) const PAGE: usize = 4096;
+
+/// `pages` as one byte slice.
+pub(crate) fn bytes_of(pages: &mut [Page]) -> &mut [u8] {
+    // SAFETY: `Page` is a `repr(C)` array of bytes with no padding (its size is its
+    // alignment), so `pages` is `pages.len() * PAGE` initialized bytes, borrowed mutably
+    // for the lifetime of the result.
+    unsafe { std::slice::from_raw_parts_mut(pages.as_mut_ptr().cast::<u8>(), pages.len() * PAGE) }
+}
+
+/// Opens `path` for reading with `O_DIRECT` where the filesystem takes it (`true`), else
+/// plainly. A direct read goes to the server, whatever the client cached of the file's
+/// pages or of its size.
+pub(crate) fn open_direct(path: &Path) -> std::io::Result<(std::fs::File, bool)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open = |flags| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | flags)
+            .open(path)
+    };
+    match open(libc::O_DIRECT) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((open(0)?, false)),
+        other => other.map(|f| (f, true)),
+    }
+}
+
 /// Makes a directory's entries durable (a created or renamed name survives a crash).
 pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()

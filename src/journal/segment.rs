@@ -211,22 +211,39 @@ const READ_MAX: usize = 1 << 20;
 
 /// Reads `path` from `offset` on, opening it afresh (close-to-open: on NFS the open fetches
 /// the file's current attributes). A line not yet ended by a newline is left for later.
+///
+/// The read is direct where the filesystem allows: a FUSE client such as sshfs may keep the
+/// file's old size for a second after it grew, and a cached read stops there. A direct read
+/// from below that size returns what the server holds, so it starts at the block holding
+/// `offset`, or lower if the size the client knows is lower still.
 pub fn read_from(path: &Path, offset: u64) -> io::Result<Chunk> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
-    let mut bytes = vec![0; READ_MAX];
+    let (file, direct) = super::open_direct(path)?;
+    let start = if direct {
+        let known = file.metadata()?.len();
+        let below = offset.min(known.saturating_sub(1));
+        below - below % super::PAGE as u64
+    } else {
+        offset
+    };
+    let mut pages = vec![super::Page([0; super::PAGE]); READ_MAX / super::PAGE];
+    let buf = super::bytes_of(&mut pages);
     let mut got = 0;
-    while got < bytes.len() {
-        match file.read_at(&mut bytes[got..], offset + got as u64) {
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], start + got as u64) {
             Ok(0) => break,
-            Ok(n) => got += n,
+            Ok(n) => {
+                got += n;
+                // A direct read must go on from an aligned offset: a short one ends it.
+                if direct && got % super::PAGE != 0 {
+                    break;
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    bytes.truncate(got);
+    let skip = usize::try_from(offset - start).unwrap_or(usize::MAX);
+    let bytes = buf.get(skip..got).unwrap_or_default();
     let mut chunk = Chunk {
         next: offset,
         ..Chunk::default()

@@ -56,6 +56,10 @@ pub(super) struct AreaCache<T> {
     problem: Option<String>,
     /// Where the next light scan's rotation begins (an index into `entries`).
     cursor: usize,
+    /// The area as opened by the last scan: a light scan reads its stamp through it rather
+    /// than opening it again (on a network filesystem each open and close is a request;
+    /// full scans open it afresh).
+    dir: Option<DirHandle>,
 }
 
 impl<T> Default for AreaCache<T> {
@@ -66,6 +70,7 @@ impl<T> Default for AreaCache<T> {
             errors: BTreeMap::new(),
             problem: None,
             cursor: 0,
+            dir: None,
         }
     }
 }
@@ -251,7 +256,12 @@ fn refresh_objects<T: HasFingerprint>(
     for name in std::mem::take(&mut cache.errors).into_keys() {
         tally.changed(&name);
     }
-    let dir = match walk(root, components) {
+    let kept = slice.light.and(cache.dir.take());
+    let walked = match kept {
+        Some(dir) => Ok(Some(dir)),
+        None => walk(root, components),
+    };
+    let dir = match walked {
         Ok(Some(dir)) => dir,
         Ok(None) => {
             if cache.stamp.is_some() {
@@ -332,11 +342,14 @@ fn refresh_objects<T: HasFingerprint>(
         entries, errors, ..
     } = cache;
     for (at, entry) in entries.iter_mut().enumerate() {
-        let due = match turn {
-            Some((start, count)) => (at + len - start) % len < count,
-            None => slice.due(entry.slot),
+        // A light scan's turn looks at the directory's stamp only, not its files': a ready
+        // object's files change in place only by anomaly, and the turn is there to notice
+        // what a writer without a publisher did (an object replaced, an image re-tagged).
+        let (look, due) = match turn {
+            Some((start, count)) => ((at + len - start) % len < count, false),
+            None => (slice.due(entry.slot), slice.due(entry.slot)),
         };
-        if !look_at_all && !due {
+        if !look_at_all && !look {
             let trusted = entry.seen.as_ref().is_some_and(|seen| {
                 seen.probed.as_ref().is_ok_and(|facts| !facts.faulty())
                     && settled(&seen.stamp, seen.read_at, slice.margin)
@@ -348,6 +361,7 @@ fn refresh_objects<T: HasFingerprint>(
         }
         look_at(&dir, &path, entry, probe, due, now, slice, tally, errors)?;
     }
+    cache.dir = Some(dir);
     Ok(None)
 }
 

@@ -90,6 +90,8 @@ pub struct Scanner {
     pub racy_margin: Duration,
     /// Light scans (see [`Scanner::set_light`]): the objects per area looked at in turn.
     light: Option<usize>,
+    /// The remote root as the last scan opened it, which light scans reuse.
+    root_dir: Option<DirHandle>,
     scans: u64,
     overlay: AreaCache<scan::OverlayFacts>,
     layers: AreaCache<scan::LayerFacts>,
@@ -109,6 +111,7 @@ impl Scanner {
             full_check_every: 16,
             racy_margin: RACY_MARGIN,
             light: None,
+            root_dir: None,
             scans: 0,
             overlay: AreaCache::default(),
             layers: AreaCache::default(),
@@ -304,7 +307,10 @@ impl Scanner {
         }
         self.stats = ScanStats::default();
         self.scans = self.scans.wrapping_add(1);
-        let root = self.open_root()?;
+        let root = match self.light.and(self.root_dir.take()) {
+            Some(root) => root,
+            None => self.open_root()?,
+        };
         let (overlay_dir, layers_dir, images_dir) = self.area_dirs();
         let slice = self.slice();
         let mut tallies: [Tally; 3] = Default::default();
@@ -359,6 +365,7 @@ impl Scanner {
         for result in results {
             result?;
         }
+        self.root_dir = Some(root);
         Ok(true)
     }
 

@@ -117,6 +117,10 @@ pub struct Options {
 /// What a light scan looks at per area besides what changed: objects taken in turn.
 const LIGHT_BUDGET: usize = 1;
 
+/// One light round in this many looks at what the remote root is ([`anchor`]): while a
+/// journal is followed, a replaced remote also shows as a journal gone or gone back.
+const ANCHOR_EVERY_LIGHT: u64 = 6;
+
 /// What a round reads of the remote.
 #[derive(Debug, Clone)]
 enum Scope {
@@ -263,6 +267,8 @@ pub struct Refresher {
     watcher: Option<watch::Watcher>,
     /// The journal follower's state, when the journal is followed.
     journal: Option<Arc<journal::Journal>>,
+    /// Light rounds so far, for [`ANCHOR_EVERY_LIGHT`].
+    light_rounds: u64,
 }
 
 impl Refresher {
@@ -315,6 +321,7 @@ impl Refresher {
             force: true,
             watcher: None,
             journal,
+            light_rounds: 0,
         }
     }
 
@@ -639,6 +646,13 @@ impl Refresher {
             }
         };
         let force = self.force;
+        let light = matches!(scope, Scope::Whole { light: true }) && !force;
+        let anchor = if light {
+            self.light_rounds += 1;
+            self.light_rounds % ANCHOR_EVERY_LIGHT == 1
+        } else {
+            true
+        };
         let (tx, rx) = bounded::<ScanDone>(1);
         let worker = std::thread::Builder::new()
             .name("refresh-scan".into())
@@ -651,10 +665,12 @@ impl Refresher {
                         index: source.scan_named(&named)?,
                         probed: None,
                     }),
-                    scope => {
-                        let light = matches!(scope, Scope::Whole { light: true }) && !force;
+                    _ => {
                         source.set_light(light.then_some(LIGHT_BUDGET));
-                        let probed = source.anchor().transpose()?;
+                        let probed = match anchor {
+                            true => source.anchor().transpose()?,
+                            false => None,
+                        };
                         let index = source.scan(force)?;
                         Ok(Scanned { index, probed })
                     }
