@@ -38,6 +38,41 @@ pub enum Command {
     Upgrade(UpgradeArgs),
     /// Set, show, list or clear quotas on directories of a running mount.
     Quota(QuotaArgs),
+    /// Publish to a shared remote tree from a writer host: journal this host's writes
+    /// (`--watch REMOTE`), or copy an image into it atomically (`image`).
+    Publish(PublishArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_required = false)]
+pub struct PublishArgs {
+    /// Watch REMOTE for this host's writes and append a journal record for each layer or
+    /// image that becomes ready, changes or goes, so readers see it at once.
+    #[arg(long, value_name = "REMOTE")]
+    pub watch: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<PublishCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PublishCommand {
+    /// Copy an image from this host's own iSulad storage into a shared remote, in iSulad's
+    /// format and order, under temporary names renamed into place.
+    Image(PublishImageArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PublishImageArgs {
+    /// The host's own iSulad storage root (e.g. /var/lib/isulad/storage).
+    pub source: PathBuf,
+    /// The image: its 64-hex id, a unique prefix of it, or one of its names.
+    pub image: String,
+    /// The shared remote tree to publish into.
+    #[arg(long, value_name = "REMOTE")]
+    pub remote: PathBuf,
+    /// The storage driver whose areas are copied.
+    #[arg(long, default_value = "overlay")]
+    pub driver: String,
 }
 
 #[derive(Debug, Args)]

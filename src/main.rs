@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::Parser;
-use layerfs::cli::{Cli, Command, ControlArgs, QuotaCommand};
+use layerfs::cli::{Cli, Command, ControlArgs, PublishArgs, PublishCommand, QuotaCommand};
 use layerfs::control::{Op, QuotaSet, Reply};
 use layerfs::MountConfig;
 
@@ -28,6 +28,7 @@ fn main() -> ExitCode {
         .map(drop)
         .map_err(anyhow::Error::from),
         Command::Quota(args) => quota(args.command),
+        Command::Publish(args) => publish(args),
         Command::Upgrade(args) => {
             layerfs::control::upgrade(&args.mountpoint, std::time::Duration::from_secs(args.wait))
                 .map_err(anyhow::Error::from)
@@ -89,6 +90,63 @@ fn refresh(args: layerfs::cli::RefreshArgs) -> anyhow::Result<()> {
         args.control.json,
     )?;
     print(reply)
+}
+
+/// `layerfs publish image …` or `layerfs publish --watch REMOTE`.
+fn publish(args: PublishArgs) -> anyhow::Result<()> {
+    match (args.command, args.watch) {
+        (Some(PublishCommand::Image(image)), _) => publish_image(image),
+        (None, Some(remote)) => publish_watch(&remote),
+        (None, None) => anyhow::bail!(
+            "publish needs a subcommand or --watch: `layerfs publish image SOURCE IMAGE \
+             --remote REMOTE` or `layerfs publish --watch REMOTE`"
+        ),
+    }
+}
+
+/// `layerfs publish image SOURCE IMAGE --remote REMOTE`: copies, then says what it did.
+fn publish_image(args: layerfs::cli::PublishImageArgs) -> anyhow::Result<()> {
+    use layerfs::publish::image::{publish_image, Options};
+    let options = Options {
+        driver: args.driver,
+        ..Options::default()
+    };
+    let done = publish_image(&args.source, &args.image, &args.remote, &options)?;
+    for layer in &done.layers {
+        let what = match (layer.copied, layer.remote_id == layer.id) {
+            (true, _) => "copied".to_owned(),
+            (false, true) => "skipped (already present)".to_owned(),
+            (false, false) => format!("skipped (already present as {})", layer.remote_id),
+        };
+        println!("layer {}: {what}", layer.id);
+    }
+    let names = if done.names.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", done.names.join(", "))
+    };
+    let what = if done.image_copied {
+        "copied"
+    } else {
+        "skipped (already present)"
+    };
+    println!("image {}{names}: {what}", done.image);
+    let copied = done.layers.iter().filter(|l| l.copied).count();
+    println!(
+        "{copied} of {} layers copied, image {}",
+        done.layers.len(),
+        if done.image_copied {
+            "copied"
+        } else {
+            "already present"
+        }
+    );
+    Ok(())
+}
+
+/// `layerfs publish --watch REMOTE`.
+fn publish_watch(_remote: &std::path::Path) -> anyhow::Result<()> {
+    anyhow::bail!("layerfs publish --watch is not available in this build")
 }
 
 /// `layerfs quota set|get|list|clear`.
