@@ -6,7 +6,9 @@
 //! 1. [`store`]: syscalls on the two trees, no-follow and by handle; [`layout`]: the remote
 //!    iSulad tree scanned into the index of ready layers and images.
 //! 2. [`report`]: the plain facts a mount reports; [`quota`]: limits, accounting and the
-//!    containerd-style storage decision. The view reaches quotas through one trait,
+//!    containerd-style storage decision; [`journal`]: the publication journal's files;
+//!    [`publish`]: a writer host's side of publication (journaling what it makes ready,
+//!    copying an image from its own storage into the remote tree). The view reaches quotas through one trait,
 //!    [`quota::Accounting`], and is known to it only as [`quota::Object`]s, so the
 //!    dependency runs one way.
 //! 3. [`view`]: the union of local over remote and the synthesized remote-RO layout.

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::Parser;
-use layerfs::cli::{Cli, Command, ControlArgs, PublishArgs, QuotaCommand};
+use layerfs::cli::{Cli, Command, ControlArgs, PublishArgs, PublishCommand, QuotaCommand};
 use layerfs::control::{Op, QuotaSet, Reply};
 use layerfs::MountConfig;
 
@@ -92,6 +92,46 @@ fn refresh(args: layerfs::cli::RefreshArgs) -> anyhow::Result<()> {
     print(reply)
 }
 
+/// `layerfs publish image SOURCE IMAGE --remote REMOTE`: copies, then says what it did.
+fn publish_image(args: layerfs::cli::PublishImageArgs) -> anyhow::Result<()> {
+    use layerfs::publish::image::{publish_image, Options};
+    let options = Options {
+        driver: args.driver,
+        ..Options::default()
+    };
+    let done = publish_image(&args.source, &args.image, &args.remote, &options)?;
+    for layer in &done.layers {
+        let what = match (layer.copied, layer.remote_id == layer.id) {
+            (true, _) => "copied".to_owned(),
+            (false, true) => "skipped (already present)".to_owned(),
+            (false, false) => format!("skipped (already present as {})", layer.remote_id),
+        };
+        println!("layer {}: {what}", layer.id);
+    }
+    let names = if done.names.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", done.names.join(", "))
+    };
+    let what = if done.image_copied {
+        "copied"
+    } else {
+        "skipped (already present)"
+    };
+    println!("image {}{names}: {what}", done.image);
+    let copied = done.layers.iter().filter(|l| l.copied).count();
+    println!(
+        "{copied} of {} layers copied, image {}",
+        done.layers.len(),
+        if done.image_copied {
+            "copied"
+        } else {
+            "already present"
+        }
+    );
+    Ok(())
+}
+
 /// `layerfs quota set|get|list|clear`.
 fn quota(command: QuotaCommand) -> anyhow::Result<()> {
     use layerfs::control;
@@ -132,11 +172,10 @@ fn publish(args: PublishArgs) -> anyhow::Result<()> {
             options.interval = std::time::Duration::from_secs(args.interval.max(1));
             publish_watch(&options)
         }
-        (None, Some(layerfs::cli::PublishCommand::Image(_))) => {
-            anyhow::bail!("layerfs publish image is not available in this build")
-        }
+        (None, Some(PublishCommand::Image(image))) => publish_image(image),
         _ => anyhow::bail!(
-            "give --watch REMOTE, or the image subcommand (see layerfs publish --help)"
+            "publish needs --watch REMOTE or a subcommand: `layerfs publish --watch REMOTE` \
+             or `layerfs publish image SOURCE IMAGE --remote REMOTE`"
         ),
     }
 }

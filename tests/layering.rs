@@ -10,7 +10,7 @@ use std::path::Path;
 /// The layers, as `src/lib.rs` lists them.
 const LAYERS: &[&[&str]] = &[
     &["store", "layout"],
-    &["report", "quota"],
+    &["report", "quota", "journal", "publish"],
     &["view"],
     &["notice"],
     &["fs", "refresh", "metrics"],

@@ -44,12 +44,13 @@ mod nofollow;
 mod readiness;
 mod rejudge;
 mod scan;
+pub mod watch;
 
 #[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -57,7 +58,7 @@ pub use area::{ScanFailure, ScanStats};
 pub use fingerprint::{Fingerprint, Part, Stamp};
 pub use incremental::{Scanner, RACY_MARGIN};
 pub(crate) use isulad::config_file_name as isulad_config_file_name;
-pub(crate) use isulad::is_object_id;
+pub(crate) use isulad::{is_object_id, is_short_id};
 pub use nofollow::{note_shortage, ran_short};
 
 /// The most parents a layer may have: overlayfs stacks at most this many lower dirs as
@@ -88,6 +89,17 @@ pub struct Image {
     pub names: Vec<String>,
     /// Modification time of `<driver>-images/<id>/`.
     pub mtime: SystemTime,
+}
+
+/// Where the directories of some objects are, by id, for [`LayoutIndex::judge`].
+#[derive(Debug, Default, Clone)]
+pub struct ObjectDirs {
+    /// `<driver>/RO/<id>/` of each layer: `diff/`, `link`, `lower`.
+    pub overlay: BTreeMap<String, PathBuf>,
+    /// `<driver>-layers/RO/<id>/` of each layer: `layer.json` and the tar-split.
+    pub layers: BTreeMap<String, PathBuf>,
+    /// `<driver>-images/<id>/` of each image.
+    pub images: BTreeMap<String, PathBuf>,
 }
 
 /// What a [`NotReady`] entry describes.
@@ -148,6 +160,23 @@ impl LayoutIndex {
             tracing::info!(kind = ?nr.kind, name = %nr.name, reason = %nr.reason, "remote object not ready");
         }
         index
+    }
+
+    /// Judges the objects whose directories `dirs` names, and only those, by the rules
+    /// [`scan`](Self::scan) applies to a whole remote tree.
+    ///
+    /// For a tree that is not laid out as a remote, or for a few objects of one: a writer
+    /// host's own storage root reaches its layers through `<driver>/<id>` symlinks, and a
+    /// publisher checks the objects it has just placed without reading the rest. Each named
+    /// directory is opened following symlinks (the caller chose the path); nothing below it
+    /// is followed. A layer is judged with the objects `dirs` holds, so its parent chain
+    /// must be in `dirs` too, or it is not ready.
+    pub fn judge(dirs: &ObjectDirs, driver: &str) -> LayoutIndex {
+        if !is_driver_name(driver) {
+            return LayoutIndex::invalid_driver(driver);
+        }
+        let facts = scan::collect_dirs(dirs, driver);
+        readiness::resolve(readiness::FactsRef::of(&facts), driver)
     }
 
     /// A driver name becomes a single path component of every area; anything that could

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use flate2::read::MultiGzDecoder;
@@ -19,7 +19,7 @@ use super::fingerprint::{
 };
 use super::isulad::{self, ImageJson, LayerJson};
 use super::nofollow::{self, DirHandle, EntryError};
-use super::MAX_LOWER_DEPTH;
+use super::{ObjectDirs, MAX_LOWER_DEPTH};
 
 /// JSON metadata is small in practice; anything larger is treated as hostile or broken.
 const JSON_CAP: u64 = 16 << 20;
@@ -91,6 +91,37 @@ pub(crate) fn collect(remote_root: &Path, driver: &str) -> Facts {
         overlay: scan_area(&root, &[driver, "RO"], probe_overlay),
         layers: scan_area(&root, &[&layers_dir, "RO"], probe_layer),
         images: scan_area(&root, &[&images_dir], probe_image),
+    }
+}
+
+/// Probes the object directories `dirs` names, as the three areas of one tree.
+pub(crate) fn collect_dirs(dirs: &ObjectDirs, driver: &str) -> Facts {
+    Facts {
+        overlay: probe_each(format!("{driver}/RO"), &dirs.overlay, probe_overlay),
+        layers: probe_each(format!("{driver}-layers/RO"), &dirs.layers, probe_layer),
+        images: probe_each(format!("{driver}-images"), &dirs.images, probe_image),
+    }
+}
+
+/// Probes each directory of `dirs` under its id, as if listed in the area `path`. A missing
+/// directory is an absent object; a name that is not an id is skipped, as in a listing.
+fn probe_each<T>(path: String, dirs: &BTreeMap<String, PathBuf>, probe: Probe<T>) -> Area<T> {
+    let mut objects = BTreeMap::new();
+    for (id, dir) in dirs {
+        if !isulad::is_object_id(id) {
+            continue;
+        }
+        let probed = match DirHandle::open_root(dir) {
+            Ok(object) => probe(&object, id, None),
+            Err(EntryError::Missing) => continue,
+            Err(e) => Err(format!("{path}/{id}: {e}")),
+        };
+        objects.insert(id.clone(), probed);
+    }
+    Area {
+        path,
+        objects,
+        problem: None,
     }
 }
 

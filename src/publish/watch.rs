@@ -23,8 +23,8 @@ use crate::journal::bell::{self, Ring};
 use crate::journal::record::{is_publisher_name, Body, Event};
 use crate::journal::segment::Writer;
 use crate::journal::{self, JournalError, HEARTBEAT};
+use crate::layout::watch::{Watcher, Writers};
 use crate::layout::{Fingerprint, LayoutIndex, Scanner};
-use crate::refresh::watch::{Watcher, Writers};
 use crate::report::Kind;
 
 /// How `publish --watch` runs.

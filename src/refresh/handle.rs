@@ -10,9 +10,8 @@ use std::time::{Duration, SystemTime};
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::Mutex;
 
-use super::journal::Journal;
+use super::journal::{Ask, Journal};
 use super::{not_ready_refs, MountInfo, Options};
-use crate::journal::follow::Named;
 use crate::report::{ImageInfo, LayerInfo, RemoteHealth, RoundReport, Status};
 use crate::view::View;
 
@@ -24,10 +23,8 @@ pub(super) enum Request {
     Wake,
     /// Rounds from now on run at this interval (zero: only on demand).
     Interval(Duration),
-    /// The journal named these objects: look at them (and nothing else) now.
-    Named(Named),
-    /// The journal lost track of records: a full round now.
-    Gap(String),
+    /// What the journal follower asks for.
+    Journal(Ask),
     Stop,
 }
 

@@ -2,8 +2,8 @@
 //!
 //! A thread of its own polls the bell every `journal_poll` ([`crate::journal::follow`]).
 //! When records name objects, it hands their ids to the refresher, which looks at exactly
-//! those ([`Request::Named`]); when it lost track of records, it asks for a full round
-//! ([`Request::Gap`]). While the bell rings (publishers ring at least every
+//! those ([`Ask::Named`]); when it lost track of records, it asks for a full round
+//! ([`Ask::Gap`]). While the bell rings (publishers ring at least every
 //! [`HEARTBEAT`]), the refresher's timed rounds are light scans, whose cost does not grow
 //! with the tree. A journal that is absent, silent for too long, or unreadable puts the
 //! reader back on full scans every round, and `status` says which and since when.
@@ -20,12 +20,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
-use super::handle::Request;
-use crate::journal::follow::{Follower, Heard};
+use crate::journal::follow::{Follower, Heard, Named};
 use crate::journal::HEARTBEAT;
 use crate::report::{JournalInfo, JournalState};
 
@@ -112,18 +110,29 @@ impl Journal {
     }
 }
 
-/// Starts the follower thread for the remote at `remote`; rounds are asked for on `tx`.
+/// What the follower asks of the refresher.
+pub enum Ask {
+    /// Look at these objects now.
+    Named(Named),
+    /// Records were lost track of: a full round now.
+    Gap(String),
+}
+
+/// Hands an [`Ask`] to the refresher; `false` once it is gone.
+pub type Tell = Box<dyn Fn(Ask) -> bool + Send>;
+
+/// Starts the follower thread for the remote at `remote`.
 pub(super) fn start(
     remote: PathBuf,
     journal: Arc<Journal>,
-    tx: Sender<Request>,
+    tell: Tell,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("refresh-journal".into())
-        .spawn(move || follow(&remote, &journal, &tx))
+        .spawn(move || follow(&remote, &journal, &tell))
 }
 
-fn follow(remote: &std::path::Path, journal: &Journal, tx: &Sender<Request>) {
+fn follow(remote: &std::path::Path, journal: &Journal, tell: &Tell) {
     let mut follower = Follower::new(remote);
     let mut failing_since: Option<String> = None;
     while !journal.stop.load(Ordering::Relaxed) {
@@ -166,11 +175,11 @@ fn follow(remote: &std::path::Path, journal: &Journal, tx: &Sender<Request>) {
         }
         if let Some(why) = heard.gap {
             debug!(%why, "publication journal: a full round");
-            if tx.send(Request::Gap(why)).is_err() {
+            if !tell(Ask::Gap(why)) {
                 return;
             }
         }
-        if !heard.named.is_empty() && tx.send(Request::Named(heard.named)).is_err() {
+        if !heard.named.is_empty() && !tell(Ask::Named(heard.named)) {
             return;
         }
     }

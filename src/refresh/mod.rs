@@ -68,7 +68,6 @@ pub mod diff;
 mod handle;
 pub mod invalidate;
 pub mod journal;
-pub mod watch;
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -83,7 +82,7 @@ use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::journal::follow::Named;
-use crate::layout::{self, LayoutIndex, Scanner};
+use crate::layout::{self, watch, LayoutIndex, Scanner};
 use crate::notice::{Notice, Notices};
 use crate::report::{Kind, NotReadyRef, RemoteHealth, RoundReport};
 use crate::view::View;
@@ -354,7 +353,8 @@ impl Refresher {
         }
         if let Some(journal) = &self.journal {
             let tx = self.handle.tx.clone();
-            if let Err(e) = journal::start(self.remote.clone(), journal.clone(), tx) {
+            let tell = Box::new(move |ask| tx.send(Request::Journal(ask)).is_ok());
+            if let Err(e) = journal::start(self.remote.clone(), journal.clone(), tell) {
                 warn!(error = %e, "journal thread not started: full scans every round");
                 self.journal = None;
             }
@@ -780,8 +780,8 @@ impl Asked {
             }
             Request::Wake => self.whole = true,
             Request::Interval(i) => *ticker = ticker_for(i),
-            Request::Named(named) => self.named.extend(named),
-            Request::Gap(why) => self.gap = Some(why),
+            Request::Journal(journal::Ask::Named(named)) => self.named.extend(named),
+            Request::Journal(journal::Ask::Gap(why)) => self.gap = Some(why),
             Request::Stop => return false,
         }
         true

@@ -65,3 +65,27 @@ pub fn set(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> Result<(), Err
 pub fn remove(path: &CStr, name: &CStr) -> Result<(), Errno> {
     Errno::result(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
 }
+
+/// Like [`list`], without following a symlink at the end of `path`.
+pub fn llist(path: &CStr) -> Result<Vec<Vec<u8>>, Errno> {
+    let raw = sized_read(|buf, len| unsafe { libc::llistxattr(path.as_ptr(), buf.cast(), len) })?;
+    Ok(raw
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect())
+}
+
+/// Like [`set`], without following a symlink at the end of `path`.
+pub fn lset(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> Result<(), Errno> {
+    let res = unsafe {
+        libc::lsetxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    };
+    Errno::result(res).map(drop)
+}

@@ -1,4 +1,5 @@
-//! Rounds on inotify events, when the remote is a local filesystem.
+//! inotify on the remote's shared areas: rounds on events when the remote is a local
+//! filesystem, and a publisher's view of its own host's writes on any filesystem.
 //!
 //! inotify reports changes made through the local kernel only: on NFS, CIFS, Ceph or FUSE a
 //! writer on another host changes the tree without any event here, so there the timer
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
-use crate::layout::LayoutIndex;
+use super::LayoutIndex;
 
 /// Called on every batch of events; `false` once nobody listens any more, which ends the
 /// watching thread.
