@@ -259,13 +259,22 @@ pub fn read_from(path: &Path, offset: u64) -> io::Result<Chunk> {
         } else {
             match Record::decode(line) {
                 Some(record) => chunk.records.push(record),
-                None => chunk.torn += 1,
+                None => {
+                    chunk.torn += 1;
+                    chunk.records.extend(salvage(line));
+                }
             }
         }
         at += end + 1;
     }
     chunk.next = offset + at as u64;
     Ok(chunk)
+}
+
+/// The whole record at the end of a line that is not one: a torn tail left by a writer
+/// that died, followed by what the next write to the file appended.
+fn salvage(line: &[u8]) -> Option<Record> {
+    (1..line.len()).find_map(|at| Record::decode(&line[at..]))
 }
 
 #[cfg(test)]
@@ -302,7 +311,7 @@ mod tests {
         assert_eq!(chunk.records.len(), 2);
         assert_eq!(chunk.next, len);
 
-        // A crash mid-write leaves half a line: not read until it ends, then skipped.
+        // A crash mid-write leaves half a line: not read until it ends, then counted as torn.
         let mut raw = OpenOptions::new().append(true).open(&path).unwrap();
         raw.write_all(b"3 17 ready ima").unwrap();
         let chunk = read_from(&path, len).unwrap();
@@ -312,9 +321,13 @@ mod tests {
         let chunk = read_from(&path, len).unwrap();
         assert_eq!(chunk.torn, 1);
         assert_eq!(
-            chunk.records.len(),
-            0,
-            "the torn line swallowed the next write's start"
+            chunk
+                .records
+                .iter()
+                .map(|r| r.body.clone())
+                .collect::<Vec<_>>(),
+            vec![ready(4)],
+            "the record glued to the torn half-line is salvaged"
         );
         writer.append(vec![ready(5)]).unwrap();
         let chunk = read_from(&path, chunk.next).unwrap();
