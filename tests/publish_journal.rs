@@ -214,6 +214,46 @@ fn a_torn_record_is_skipped_and_counted_and_what_follows_is_heard() {
 }
 
 #[test]
+fn a_journal_that_goes_silent_or_vanishes_puts_the_reader_back_on_full_scans() {
+    let mut m = Mount::with(
+        Options {
+            opts: "noinotify,refresh=1".into(),
+            ..Default::default()
+        },
+        |_| {},
+    );
+    let mut publisher = Publisher::start(&m.remote, "writer-a");
+    wait_following(&m);
+    publisher.kill();
+    // Its bell stops: past three heartbeats the journal is taken for stalled, and what a
+    // writer host does meanwhile is found by full scans.
+    eventually(45, "the journal reported stalled", || {
+        journal(&m)["state"] == "stalled"
+    });
+    let text = String::from_utf8_lossy(&cli(&["status"], &m.mnt).stdout).into_owned();
+    assert!(text.contains("STALLED since"), "{text}");
+    let [a, b, c] = Layer::chain(["silent-a", "silent-b", "silent-c"]);
+    let mut image = Image::on("silent", &c, &["registry.example/silent:1"]);
+    writer(
+        &mut m,
+        concat([a.create(), b.create(), c.create(), image.create()]),
+    );
+    eventually(10, "the image, by a full scan", || image_shown(&m, &image));
+    // A full scan, not a light one, sees a re-tag at once.
+    writer(&mut m, image.retag(&["registry.example/silent:2"]));
+    eventually(10, "the re-tag, by a full scan", || {
+        let out = cli(&["images", "--json"], &m.mnt);
+        String::from_utf8_lossy(&out.stdout).contains("silent:2")
+    });
+
+    fs::remove_dir_all(m.remote.join("layerfs-journal")).unwrap();
+    eventually(10, "the vanished journal reported absent", || {
+        journal(&m)["state"] == "absent"
+    });
+    m.accept_remote_changes();
+}
+
+#[test]
 fn without_a_journal_the_reader_says_so_and_scans() {
     let mut m = Mount::with(
         Options {

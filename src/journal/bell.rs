@@ -24,6 +24,10 @@ pub const BELL_SIZE: usize = 256;
 /// (a journal directory replaced) is not read through a stale handle for long.
 const REOPEN_EVERY: Duration = Duration::from_secs(30);
 
+/// How often while the bell is quiet past a heartbeat: its publishers may be gone, and the
+/// journal with them.
+const REOPEN_QUIET: Duration = Duration::from_secs(2);
+
 const TAG: &str = "layerfs-bell 1";
 
 /// What a ring says: who rang, how far their current segment goes, and when.
@@ -108,12 +112,14 @@ impl BellReader {
         }
     }
 
-    /// Reads the bell as it is on the server now: `Ok(None)` when there is none.
-    pub fn read(&mut self) -> io::Result<Option<Vec<u8>>> {
+    /// Reads the bell as it is on the server now: `Ok(None)` when there is none. `quiet`:
+    /// it has not changed for longer than a heartbeat.
+    pub fn read(&mut self, quiet: bool) -> io::Result<Option<Vec<u8>>> {
+        let every = if quiet { REOPEN_QUIET } else { REOPEN_EVERY };
         let stale = self
             .open
             .as_ref()
-            .is_some_and(|(_, at)| !self.direct || at.elapsed() >= REOPEN_EVERY);
+            .is_some_and(|(_, at)| !self.direct || at.elapsed() >= every);
         if stale {
             self.open = None;
         }
@@ -181,14 +187,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bell");
         let mut reader = BellReader::new(&path);
-        assert_eq!(reader.read().unwrap(), None);
+        assert_eq!(reader.read(false).unwrap(), None);
         let mut r = sample();
         ring(&path, &r).unwrap();
-        let first = reader.read().unwrap().unwrap();
+        let first = reader.read(false).unwrap().unwrap();
         assert_eq!(Ring::decode(&first), Some(r.clone()));
         r.token += 1;
         ring(&path, &r).unwrap();
-        let second = reader.read().unwrap().unwrap();
+        let second = reader.read(false).unwrap().unwrap();
         assert_ne!(first, second);
         assert_eq!(Ring::decode(&second), Some(r));
     }

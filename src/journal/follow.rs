@@ -97,7 +97,8 @@ impl Follower {
 
     /// Reads the bell, and the segments if it rang (or if a ring is still owed).
     pub fn poll(&mut self) -> io::Result<Heard> {
-        let Some(bytes) = self.bell.read()? else {
+        let quiet = self.last_change.elapsed() > super::HEARTBEAT + Duration::from_secs(5);
+        let Some(bytes) = self.bell.read(quiet)? else {
             self.last = None;
             return Ok(Heard {
                 absent: true,
