@@ -23,6 +23,7 @@ DEPTH=${DEPTH:-10}
 COUNT=${COUNT:-50}
 IDLE=${IDLE:-30}
 JOURNAL=${JOURNAL:-1}
+NO_JOURNAL=
 READER_OPTS=${READER_OPTS:-}
 SSHFS_OPTS=${SSHFS_OPTS:-}
 SCRATCH=${SCRATCH:-/var/tmp/layerfs-bench}
@@ -92,6 +93,7 @@ if [ "$JOURNAL" = 1 ]; then
     READER_JOURNAL=journal
 else
     READER_JOURNAL=nojournal
+    NO_JOURNAL=1
 fi
 
 for r in a b; do
@@ -110,7 +112,7 @@ log "two readers over sshfs mounted ($READER_JOURNAL); measuring $IDLE s idle, t
 python3 "$REPO/benches/publish_probe.py" "$RUN/real" \
     "$RUN/mnt-a" "$RUN/sshfs-a.log" "$RUN/mnt-b" "$RUN/sshfs-b.log" \
     --layerfs "$LAYERFS" --first "$CHAINS" --count "$COUNT" --depth "$DEPTH" --idle "$IDLE" \
-    >"$RUN/summary.json" || die "the probe failed"
+    ${NO_JOURNAL:+--no-journal} >"$RUN/summary.json" || die "the probe failed"
 python3 - "$RUN/summary.json" "$CHAINS" "$DEPTH" "$READER_JOURNAL" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))

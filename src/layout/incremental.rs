@@ -43,6 +43,16 @@
 //!   **`E` scans** by the file stamps of the rotation. A tar-split once found complete is not
 //!   decoded again while its stamp holds.
 //!
+//! # Light scans and named objects
+//!
+//! A reader that follows a publication journal ([`Scanner::set_light`]) learns of changes
+//! from records that name the objects, which [`Scanner::scan_named`] brings up to date
+//! alone. Its timed scans are then light: the area dirs are `fstat`ed through the handles
+//! the last scan left open, a listing that moved is merged (new names probed, names gone
+//! dropped) without looking at every object again, objects not ready or not settled are
+//! looked at as above, and of the rest only `budget` per area, in turn, by their directory's
+//! stamp. So an idle light scan of any tree costs 3 `fstat`s and a few `lstat`s.
+//!
 //! A scan that finds nothing new (no object added, gone, or probed with a different
 //! outcome) says so ([`ScanStats::dirty`] false), and the caller skips the readiness rules,
 //! the diff and the swap. Otherwise the scan notes which objects changed, and the

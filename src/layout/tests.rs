@@ -4,6 +4,7 @@
 //! check that it is fully ready, break exactly one thing and check the verdict: so each of
 //! them fails if the rule it covers stops being enforced.
 
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
@@ -919,6 +920,94 @@ fn incremental_scans_see_additions_removals_and_rewrites() {
     let index = s.scan().unwrap();
     assert!(index.layer(&id(4)).is_none() && index.image(&id(0xa2)).is_none());
     assert_all_ready(&index);
+}
+
+#[test]
+fn named_objects_are_brought_up_to_date_alone() {
+    let tree = Tree::standard();
+    let mut s = scanner(&tree);
+    s.full_check_every = 1000;
+    s.scan().unwrap();
+
+    tree.layer(4, Some(TOP));
+    tree.image(0xa2, 4);
+    tree.image(0xa3, TOP);
+    let named = |ids: &[u8]| ids.iter().map(|n| id(*n)).collect::<BTreeSet<String>>();
+    let index = s
+        .scan_named(&named(&[4]), &named(&[0xa2]))
+        .unwrap()
+        .expect("the named objects changed");
+    assert!(index.layer(&id(4)).is_some() && index.image(&id(0xa2)).is_some());
+    assert!(index.image(&id(0xa3)).is_none(), "not named, not read");
+    assert_eq!(s.stats().listed, 0, "no area listed");
+    assert!(s.scan_named(&named(&[4]), &named(&[])).unwrap().is_none());
+
+    // A named object that went is dropped, with what stands on it.
+    tree.remove(&overlay(4));
+    tree.remove(&meta(4));
+    let index = s.scan_named(&named(&[4]), &named(&[])).unwrap().unwrap();
+    assert!(index.layer(&id(4)).is_none() && index.image(&id(0xa2)).is_none());
+
+    // The next scan lists the areas whose stamps moved and finds the rest; the named ones
+    // agree with a scan from scratch.
+    let index = s.scan().unwrap();
+    assert!(index.image(&id(0xa3)).is_some());
+    let fresh = scanner(&tree).scan().unwrap();
+    assert_eq!(
+        index.images().map(|i| &i.id).collect::<Vec<_>>(),
+        fresh.images().map(|i| &i.id).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn light_scans_cost_what_they_look_at_in_turn_not_the_tree() {
+    let tree = Tree::standard();
+    for n in 10..40 {
+        tree.layer(n, None);
+        tree.image(n + 100, n);
+    }
+    let mut s = scanner(&tree);
+    s.scan().unwrap();
+    s.set_light(Some(1));
+    let idle = s.scan_if_changed(false).unwrap();
+    assert!(idle.is_none());
+    let stats = s.stats();
+    assert_eq!((stats.listed, stats.probed), (0, 0));
+    // One object per area looked at (its stamp), the rest trusted as they were: all reused.
+    assert_eq!(stats.reused, 33 + 33 + 31, "{stats:?}");
+
+    // Objects added still show (the area's stamp moved; new names are probed) ...
+    tree.layer(50, None);
+    tree.image(150, 50);
+    let index = s.scan_if_changed(false).unwrap().expect("new objects");
+    assert!(index.image(&id(150)).is_some());
+    assert_eq!(s.stats().probed, 3, "only the new names: {:?}", s.stats());
+    // ... and so do objects removed.
+    tree.remove(&image_dir(150));
+    let index = s.scan_if_changed(false).unwrap().expect("an object gone");
+    assert!(index.image(&id(150)).is_none());
+
+    // A re-tag (a rename inside an image dir) is left to the rotation: every image is
+    // looked at within as many light scans as there are images.
+    let json = format!("{}/images.json", image_dir(IMAGE));
+    let dir = tree.path(&image_dir(IMAGE));
+    fs::write(
+        dir.join(".tmp"),
+        format!(
+            r#"{{"id":"{}","names":["busybox:light"],"layer":"{}"}}"#,
+            id(IMAGE),
+            id(TOP)
+        ),
+    )
+    .unwrap();
+    fs::rename(dir.join(".tmp"), tree.path(&json)).unwrap();
+    let mut seen = false;
+    for _ in 0..40 {
+        if let Some(index) = s.scan_if_changed(false).unwrap() {
+            seen |= index.image(&id(IMAGE)).unwrap().names == ["busybox:light"];
+        }
+    }
+    assert!(seen, "the rotation reached the re-tagged image");
 }
 
 #[test]

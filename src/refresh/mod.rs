@@ -411,7 +411,7 @@ impl Refresher {
             if let Some(why) = &asked.gap {
                 debug!(%why, "journal lost track of records: a full round");
             }
-            let scope = if asked.gap.is_some() || !asked.replies.is_empty() {
+            let scope = if asked.full || asked.gap.is_some() {
                 Scope::Whole { light: false }
             } else if asked.whole {
                 let light = self.journal.as_ref().is_some_and(|j| j.live());
@@ -758,9 +758,11 @@ impl Refresher {
 #[derive(Default)]
 struct Asked {
     replies: Vec<crossbeam_channel::Sender<RoundReport>>,
-    /// A round over every area (timer, inotify).
+    /// A round over every area (timer, inotify): light while the journal is followed.
     whole: bool,
-    /// A full round, never light: why the journal lost track.
+    /// A full round, never light: an operator asked for it.
+    full: bool,
+    /// A full round: why the journal lost track.
     gap: Option<String>,
     named: Named,
 }
@@ -774,8 +776,9 @@ impl Asked {
         ticker_for: impl Fn(Duration) -> Receiver<Instant>,
     ) -> bool {
         match msg {
+            // Asked for by an operator (the control socket, SIGUSR1): a full look.
             Request::Round(reply) => {
-                self.whole = true;
+                self.full = true;
                 self.replies.extend(reply);
             }
             Request::Wake => self.whole = true,
