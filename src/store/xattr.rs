@@ -27,12 +27,15 @@ fn sized_read(mut call: impl FnMut(*mut libc::c_void, usize) -> isize) -> Result
 
 /// Attribute names, each without its terminating NUL.
 pub fn list(path: &CStr) -> Result<Vec<Vec<u8>>, Errno> {
-    let raw = sized_read(|buf, len| unsafe { libc::listxattr(path.as_ptr(), buf.cast(), len) })?;
-    Ok(raw
-        .split(|b| *b == 0)
+    list_raw(path).map(|raw| names(&raw))
+}
+
+/// The names in a NUL-separated list.
+fn names(raw: &[u8]) -> Vec<Vec<u8>> {
+    raw.split(|b| *b == 0)
         .filter(|n| !n.is_empty())
         .map(<[u8]>::to_vec)
-        .collect())
+        .collect()
 }
 
 /// The raw NUL-separated list, as `listxattr(2)` returns it.
@@ -69,11 +72,7 @@ pub fn remove(path: &CStr, name: &CStr) -> Result<(), Errno> {
 /// Like [`list`], without following a symlink at the end of `path`.
 pub fn llist(path: &CStr) -> Result<Vec<Vec<u8>>, Errno> {
     let raw = sized_read(|buf, len| unsafe { libc::llistxattr(path.as_ptr(), buf.cast(), len) })?;
-    Ok(raw
-        .split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-        .map(<[u8]>::to_vec)
-        .collect())
+    Ok(names(&raw))
 }
 
 /// Like [`set`], without following a symlink at the end of `path`.
