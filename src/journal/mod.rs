@@ -34,11 +34,11 @@ pub const HEARTBEAT: Duration = Duration::from_secs(10);
 /// Why the journal could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    #[error("{}: {source}", path.display())]
+    // The cause is in the message, not in a source chain, which would print it twice.
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("publisher name {0:?}: use letters, digits, '-' and '_' (at most 64)")]
     BadName(String),

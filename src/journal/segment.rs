@@ -60,9 +60,9 @@ pub struct Writer {
 impl Writer {
     /// Begins a new segment for `publisher` in `dir`, one generation past any it finds.
     pub fn begin(dir: &Path, publisher: &str, limit: u64) -> Result<Writer, JournalError> {
-        let at = |source| JournalError::Io {
+        let at = |error| JournalError::Io {
             path: dir.to_owned(),
-            source,
+            error,
         };
         let next = generations(dir, publisher)
             .map_err(at)?
@@ -152,9 +152,9 @@ impl Writer {
 
     fn write(&mut self, bytes: &[u8]) -> Result<(), JournalError> {
         let path = self.dir.join(file_name(&self.publisher, self.generation));
-        let io = |source| JournalError::Io {
+        let io = |error| JournalError::Io {
             path: path.clone(),
-            source,
+            error,
         };
         // One write: a reader sees all of it or a torn tail it skips, never a mixture
         // with another writer's bytes (nobody else writes this file).
@@ -177,19 +177,24 @@ fn create(dir: &Path, publisher: &str, from: u64) -> Result<(File, u64), Journal
             .open(&path)
         {
             Ok(file) => {
-                super::sync_dir(dir).map_err(|source| JournalError::Io {
+                super::sync_dir(dir).map_err(|error| JournalError::Io {
                     path: dir.to_owned(),
-                    source,
+                    error,
                 })?;
                 return Ok((file, generation));
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(source) => return Err(JournalError::Io { path, source }),
+            Err(source) => {
+                return Err(JournalError::Io {
+                    path,
+                    error: source,
+                })
+            }
         }
     }
     Err(JournalError::Io {
         path: dir.to_owned(),
-        source: io::Error::other(format!(
+        error: io::Error::other(format!(
             "64 segments of publisher {publisher} already exist past generation {from:016x}: is another publisher running under this name?"
         )),
     })

@@ -78,7 +78,10 @@ pub fn watch(options: &WatchOptions, stop: Receiver<()>) -> Result<(), JournalEr
     let dir = journal::dir_of(&options.remote);
     let io_at = |path: &Path| {
         let path = path.to_owned();
-        move |source| JournalError::Io { path, source }
+        move |source| JournalError::Io {
+            path,
+            error: source,
+        }
     };
     let remote = std::fs::File::open(&options.remote).map_err(io_at(&options.remote))?;
     match std::fs::create_dir(&dir) {
@@ -115,7 +118,7 @@ pub fn watch(options: &WatchOptions, stop: Receiver<()>) -> Result<(), JournalEr
     // What is ready already is found by every reader's own first scan: not journaled.
     let first = scanner.scan().map_err(|e| JournalError::Io {
         path: options.remote.clone(),
-        source: std::io::Error::other(e.0),
+        error: std::io::Error::other(e.0),
     })?;
     let mut judged = judged_of(&first);
     if let Some(w) = &mut watcher {
