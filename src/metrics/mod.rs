@@ -180,6 +180,12 @@ pub struct Metrics {
     identities: Family<Unlabelled, Gauge>,
     open_handles: Family<Unlabelled, Gauge>,
     backing_files: Family<Unlabelled, Gauge>,
+    /// Exposed once the mount follows a journal (absent with `nojournal`).
+    journal_following: Family<Unlabelled, Gauge>,
+    /// Objects named, lines torn, gaps: counters fed from the status's totals.
+    journal_totals: [Family<Unlabelled, Counter>; 3],
+    /// The totals as of the last scrape.
+    journal_seen: Mutex<[u64; 3]>,
     sources: RwLock<Option<Arc<dyn Sources>>>,
     fs_tables: RwLock<Option<Arc<dyn FsTables>>>,
     /// Held for a whole scrape: each rewrites the state metrics.
@@ -229,6 +235,9 @@ impl Metrics {
             identities: Family::default(),
             open_handles: Family::default(),
             backing_files: Family::default(),
+            journal_following: Family::default(),
+            journal_totals: Default::default(),
+            journal_seen: Mutex::new([0; 3]),
             sources: RwLock::new(None),
             fs_tables: RwLock::new(None),
             scrape: Mutex::new(()),
@@ -265,6 +274,28 @@ impl Metrics {
             "remote_pool_running",
             "Remote requests running on the remote request pool",
             self.pool_running.clone(),
+        );
+        r.register(
+            "journal_following",
+            "Whether the mount follows the remote's publication journal (1) or scans the whole \
+             remote every round (0: no journal, a silent or unreadable one)",
+            self.journal_following.clone(),
+        );
+        let [named, torn, gaps] = self.journal_totals.clone();
+        r.register(
+            "journal_named_objects",
+            "Objects the publication journal named, each looked at again",
+            named,
+        );
+        r.register(
+            "journal_torn_lines",
+            "Journal lines skipped because they were not whole records",
+            torn,
+        );
+        r.register(
+            "journal_gaps",
+            "Times the mount lost track of the journal and scanned the whole remote",
+            gaps,
         );
         r.register(
             "remote_healthy",
@@ -455,6 +486,19 @@ impl Metrics {
     fn read_status(&self, status: &Status) {
         self.remote_healthy
             .set(i64::from(status.remote_health.healthy));
+        if let Some(journal) = &status.journal {
+            let following = journal.state == crate::report::JournalState::Following;
+            self.journal_following
+                .get_or_create(&[])
+                .set(i64::from(following));
+            let totals = [journal.named, journal.torn, journal.gaps];
+            let mut seen = self.journal_seen.lock();
+            for ((family, now), was) in self.journal_totals.iter().zip(totals).zip(seen.iter_mut())
+            {
+                family.get_or_create(&[]).inc_by(now.saturating_sub(*was));
+                *was = now;
+            }
+        }
         let mut book = self.rounds.lock();
         if status.rounds > book.seen {
             self.rounds_total.inc_by(status.rounds - book.seen);

@@ -289,6 +289,42 @@ fn state_is_read_from_the_sources_at_scrape_time() {
 }
 
 #[test]
+fn the_journal_is_exposed_once_followed_and_its_totals_count_up() {
+    let m = Metrics::new();
+    let fake = Fake::new();
+    m.set_sources(fake.clone());
+    let text = m.encode().unwrap();
+    assert!(!text.contains("layerfs_journal_following"), "{text}");
+
+    let mut journal = crate::report::JournalInfo {
+        state: crate::report::JournalState::Following,
+        named: 7,
+        torn: 1,
+        gaps: 1,
+        ..Default::default()
+    };
+    fake.status.lock().journal = Some(journal.clone());
+    let text = m.encode().unwrap();
+    assert_eq!(sample(&text, "layerfs_journal_following"), Some(1.0));
+    assert_eq!(
+        sample(&text, "layerfs_journal_named_objects_total"),
+        Some(7.0)
+    );
+    assert_eq!(sample(&text, "layerfs_journal_torn_lines_total"), Some(1.0));
+
+    journal.state = crate::report::JournalState::Stalled;
+    journal.named = 9;
+    fake.status.lock().journal = Some(journal);
+    let text = m.encode().unwrap();
+    assert_eq!(sample(&text, "layerfs_journal_following"), Some(0.0));
+    assert_eq!(
+        sample(&text, "layerfs_journal_named_objects_total"),
+        Some(9.0)
+    );
+    assert_eq!(sample(&text, "layerfs_journal_gaps_total"), Some(1.0));
+}
+
+#[test]
 fn rounds_are_derived_from_the_status_until_they_are_pushed() {
     let m = Metrics::new();
     let fake = Fake::new();
