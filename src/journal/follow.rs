@@ -160,14 +160,19 @@ impl Follower {
                 continue;
             };
             let path = self.dir.join(segment::file_name(&publisher, generation));
-            let offset = match std::fs::symlink_metadata(&path) {
-                Ok(meta) => meta.len(),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
-                Err(e) => return Err(e),
-            };
             // Whole lines only: a torn tail is skipped by the next read of it.
-            let chunk = segment::read_from(&path, 0)?;
-            let offset = chunk.next.min(offset.max(chunk.next));
+            let mut offset = 0;
+            loop {
+                let next = match segment::read_from(&path, offset) {
+                    Ok(chunk) => chunk.next,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) => return Err(e),
+                };
+                if next == offset {
+                    break;
+                }
+                offset = next;
+            }
             self.positions
                 .insert(publisher, Position { generation, offset });
         }
