@@ -45,6 +45,7 @@ pub mod reconfigure;
 pub mod render;
 mod server;
 pub mod umount;
+mod when;
 
 pub use client::{Client, ClientError};
 pub use path::{escape_path, run_dir, socket_path, socket_path_in, DEFAULT_RUN_DIR, RUN_DIR_ENV};

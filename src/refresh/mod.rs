@@ -68,21 +68,21 @@ pub mod diff;
 mod handle;
 pub mod invalidate;
 pub mod journal;
+mod scanning;
 
 use std::collections::BTreeMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam_channel::{bounded, never, select, tick, unbounded, Receiver};
+use crossbeam_channel::{never, select, tick, unbounded, Receiver};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::journal::follow::Named;
-use crate::layout::{self, watch, LayoutIndex, Scanner};
+use crate::layout::{watch, LayoutIndex, Scanner};
 use crate::notice::{Notice, Notices};
 use crate::report::{Kind, NotReadyRef, RemoteHealth, RoundReport};
 use crate::view::View;
@@ -90,6 +90,7 @@ use anchor::{Anchor, Probed};
 use diff::Diff;
 pub use handle::RefreshHandle;
 use handle::{Request, State};
+use scanning::{Failure, Scanned, Slot};
 
 /// How long inotify events are collected before they trigger one round: a pull writes many
 /// files in a burst.
@@ -206,34 +207,6 @@ impl Source for Scanner {
     fn anchor(&mut self) -> Option<Result<Probed, String>> {
         Some(Anchor::probe(self.root(), self.driver()))
     }
-}
-
-/// The scan source, or the thread it is busy on.
-enum Slot {
-    Idle(Box<dyn Source>),
-    Busy {
-        rx: Receiver<ScanDone>,
-        since: SystemTime,
-    },
-}
-
-/// What a scan thread brings back: the source, the remote root it opened (with what it
-/// is) and the scan's result.
-type ScanDone = (Box<dyn Source>, Result<Scanned, Failure>);
-
-/// Why a round left the view as it was.
-enum Failure {
-    /// The remote failed, or is not to be believed: it is unhealthy.
-    Remote(String),
-    /// This host ran short of descriptors or memory while scanning. Nothing is known of the
-    /// remote, whose health stays as it was; the next round judges every object afresh.
-    Local(String),
-}
-
-/// A scan's result: the new index (`None`: nothing changed) and the remote root as it is now.
-struct Scanned {
-    index: Option<LayoutIndex>,
-    probed: Option<Probed>,
 }
 
 /// The refresh engine: owns the scan source and runs rounds. Built before the mount (its
@@ -618,92 +591,6 @@ impl Refresher {
                 "kernel cache invalidations are waiting for a directory a request stuck on \
                  the remote holds; refresh rounds go on, and they are sent once it returns"
             ),
-        }
-    }
-
-    /// Runs the scan on a disposable thread, waiting at most the scan timeout.
-    fn scan(&mut self, scope: Scope) -> Result<Scanned, Failure> {
-        let source = match self.slot.take() {
-            Some(Slot::Idle(source)) => source,
-            Some(Slot::Busy { rx, since }) => match rx.try_recv() {
-                // The stuck scan came back: its result is old, scan again.
-                Ok((source, _)) => source,
-                Err(_) => {
-                    let secs = SystemTime::now()
-                        .duration_since(since)
-                        .unwrap_or_default()
-                        .as_secs();
-                    self.slot = Some(Slot::Busy { rx, since });
-                    return Err(Failure::Remote(format!(
-                        "remote not answering: a scan started {secs} s ago has not returned"
-                    )));
-                }
-            },
-            None => {
-                return Err(Failure::Local(
-                    "no scanner (an earlier scan thread could not start)".into(),
-                ))
-            }
-        };
-        let force = self.force;
-        let light = matches!(scope, Scope::Whole { light: true }) && !force;
-        let anchor = if light {
-            self.light_rounds += 1;
-            self.light_rounds % ANCHOR_EVERY_LIGHT == 1
-        } else {
-            true
-        };
-        let (tx, rx) = bounded::<ScanDone>(1);
-        let worker = std::thread::Builder::new()
-            .name("refresh-scan".into())
-            .spawn(move || {
-                let mut source = source;
-                layout::ran_short();
-                let result = catch_unwind(AssertUnwindSafe(|| match scope {
-                    // Named objects only: the areas and the root are the next round's.
-                    Scope::Named(named) if !force => Ok(Scanned {
-                        index: source.scan_named(&named)?,
-                        probed: None,
-                    }),
-                    _ => {
-                        source.set_light(light.then_some(LIGHT_BUDGET));
-                        let probed = match anchor {
-                            true => source.anchor().transpose()?,
-                            false => None,
-                        };
-                        let index = source.scan(force)?;
-                        Ok(Scanned { index, probed })
-                    }
-                }))
-                .unwrap_or_else(|_| Err("the scan panicked".to_owned()));
-                let result = match layout::ran_short() {
-                    // Whatever the scan made of it: an error names the first casualty.
-                    true => Err(Failure::Local(format!(
-                        "this host ran short of descriptors or memory while scanning{}",
-                        result.err().map(|e| format!(": {e}")).unwrap_or_default()
-                    ))),
-                    false => result.map_err(Failure::Remote),
-                };
-                let _ = tx.send((source, result));
-            });
-        if let Err(e) = worker {
-            return Err(Failure::Local(format!("cannot start a scan thread: {e}")));
-        }
-        match rx.recv_timeout(self.options.scan_timeout) {
-            Ok((source, result)) => {
-                self.slot = Some(Slot::Idle(source));
-                result
-            }
-            Err(_) => {
-                self.slot = Some(Slot::Busy {
-                    rx,
-                    since: SystemTime::now(),
-                });
-                Err(Failure::Remote(format!(
-                    "remote not answering: scan did not finish within {} s",
-                    self.options.scan_timeout.as_secs_f64()
-                )))
-            }
         }
     }
 
