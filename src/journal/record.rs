@@ -13,8 +13,6 @@
 //! included). A segment begins with a header line naming its publisher and generation; a
 //! sealed segment ends with a `sealed` record naming the generation that follows.
 
-use std::fmt;
-
 use sha2::{Digest, Sha256};
 
 use crate::layout::is_object_id;
@@ -90,7 +88,7 @@ impl Record {
     pub fn decode(line: &[u8]) -> Option<Record> {
         let text = std::str::from_utf8(line).ok()?;
         let (signed, check) = text.rsplit_once(' ')?;
-        if check.len() != 16 || check_of(format!("{signed} ").as_bytes()) != check {
+        if check_of(format!("{signed} ").as_bytes()) != check {
             return None;
         }
         let mut fields = signed.split(' ');
@@ -166,32 +164,11 @@ pub fn is_publisher_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// What a hash of `bytes` looks like in a line.
-pub(super) fn check_of(bytes: &[u8]) -> Check {
+/// The check of a line: the first 8 bytes of the SHA-256 of `bytes`, as 16 hex digits.
+pub(super) fn check_of(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
-    Check(u64::from_be_bytes(digest[..8].try_into().expect("8 bytes")))
-}
-
-/// A line's check, printed as 16 hex digits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Check(u64);
-
-impl fmt::Display for Check {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-impl PartialEq<&str> for Check {
-    fn eq(&self, other: &&str) -> bool {
-        u64::from_str_radix(other, 16).is_ok_and(|v| v == self.0) && other.len() == 16
-    }
-}
-
-impl PartialEq<Check> for &str {
-    fn eq(&self, other: &Check) -> bool {
-        other == self
-    }
+    let head = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
+    format!("{head:016x}")
 }
 
 #[cfg(test)]

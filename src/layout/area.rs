@@ -347,7 +347,10 @@ fn refresh_objects<T: HasFingerprint>(
         // what a writer without a publisher did (an object replaced, an image re-tagged).
         let (look, due) = match turn {
             Some((start, count)) => ((at + len - start) % len < count, false),
-            None => (slice.due(entry.slot), slice.due(entry.slot)),
+            None => {
+                let due = slice.due(entry.slot);
+                (due, due)
+            }
         };
         if !look_at_all && !look {
             let trusted = entry.seen.as_ref().is_some_and(|seen| {

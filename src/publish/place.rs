@@ -183,8 +183,7 @@ pub(crate) fn ensure_dir(dir: &Path, mode: u32) -> Result<()> {
 
 /// `fsync` of a directory.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    let f = fs::File::open(dir).map_err(io_at(dir))?;
-    f.sync_all().map_err(io_at(dir))
+    crate::journal::sync_dir(dir).map_err(io_at(dir))
 }
 
 pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<()> {

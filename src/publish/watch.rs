@@ -231,9 +231,7 @@ fn changes(old: &Judged, new: &Judged) -> Vec<Body> {
 
 /// This host's name, made fit for a publisher name.
 fn host_name() -> String {
-    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let name: String = raw
-        .trim()
+    let name: String = super::place::host_name()
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {

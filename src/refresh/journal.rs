@@ -134,22 +134,22 @@ pub(super) fn start(
 
 fn follow(remote: &std::path::Path, journal: &Journal, tell: &Tell) {
     let mut follower = Follower::new(remote);
-    let mut failing_since: Option<String> = None;
+    let mut last_error: Option<String> = None;
     while !journal.stop.load(Ordering::Relaxed) {
         std::thread::sleep(journal.poll);
         let heard = match follower.poll() {
             Ok(heard) => heard,
             Err(e) => {
                 let error = e.to_string();
-                if failing_since.as_deref() != Some(&error) {
+                if last_error.as_deref() != Some(&error) {
                     warn!(error = %error, "publication journal unreadable");
                 }
                 journal.set(JournalState::Failing, Some(error.clone()));
-                failing_since = Some(error);
+                last_error = Some(error);
                 continue;
             }
         };
-        failing_since = None;
+        last_error = None;
         journal.record(&heard);
         if heard.absent {
             journal.set(JournalState::Absent, None);
