@@ -117,6 +117,9 @@ pub struct Options {
 /// What a light scan looks at per area besides what changed: objects taken in turn.
 const LIGHT_BUDGET: usize = 1;
 
+/// While the journal is followed, a timed round is full at least this often.
+const FULL_WHILE_FOLLOWING: Duration = Duration::from_secs(30 * 60);
+
 /// One light round in this many looks at what the remote root is ([`anchor`]): while a
 /// journal is followed, a replaced remote also shows as a journal gone or gone back.
 const ANCHOR_EVERY_LIGHT: u64 = 6;
@@ -241,6 +244,8 @@ pub struct Refresher {
     journal: Option<Arc<journal::Journal>>,
     /// Light rounds so far, for [`ANCHOR_EVERY_LIGHT`].
     light_rounds: u64,
+    /// When the last full round started.
+    last_full: Instant,
 }
 
 impl Refresher {
@@ -294,6 +299,7 @@ impl Refresher {
             watcher: None,
             journal,
             light_rounds: 0,
+            last_full: Instant::now(),
         }
     }
 
@@ -387,7 +393,10 @@ impl Refresher {
             let scope = if asked.full || asked.gap.is_some() {
                 Scope::Whole { light: false }
             } else if asked.whole {
-                let light = self.journal.as_ref().is_some_and(|j| j.live());
+                // Light while the journal is followed, but for a full round now and then:
+                // the safety net for what no record names (a writer without a publisher).
+                let light = self.journal.as_ref().is_some_and(|j| j.live())
+                    && self.last_full.elapsed() < FULL_WHILE_FOLLOWING;
                 Scope::Whole { light }
             } else if !asked.named.is_empty() {
                 Scope::Named(asked.named)
@@ -410,6 +419,9 @@ impl Refresher {
     fn round_of(&mut self, scope: Scope) -> RoundReport {
         let started = SystemTime::now();
         let clock = Instant::now();
+        if matches!(scope, Scope::Whole { light: false }) {
+            self.last_full = clock;
+        }
         let scanned = self
             .scan(scope)
             .and_then(|scanned| self.accept(scanned).map_err(Failure::Remote));
