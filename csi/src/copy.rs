@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
+use std::num::NonZeroU64;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -216,15 +217,55 @@ fn next_data(file: &File, offset: u64, len: u64) -> io::Result<Option<(u64, u64)
     Ok(Some(((start as u64).min(len), (end as u64).min(len))))
 }
 
-/// Feeds every byte of `src` to `out`, reading only its data segments; holes go in as zeros.
-/// Stops with [`Cancelled`] once `stop` is set.
+/// Keeps reads at or under a rate in bytes per second, so that copying a large volume leaves
+/// the node's disk to the workloads on it. Only data read counts: holes are free.
+struct Pace {
+    rate: Option<NonZeroU64>,
+    start: Instant,
+    read: u64,
+}
+
+impl Pace {
+    fn new(rate: Option<NonZeroU64>) -> Pace {
+        Pace {
+            rate,
+            start: Instant::now(),
+            read: 0,
+        }
+    }
+
+    /// Counts `n` bytes read and waits until the rate allows them, stopping early (with
+    /// [`Cancelled`]) once `stop` is set.
+    fn read(&mut self, n: u64, stop: &AtomicBool) -> io::Result<()> {
+        let Some(rate) = self.rate else {
+            return Ok(());
+        };
+        self.read += n;
+        let due = self.start + Duration::from_secs_f64(self.read as f64 / rate.get() as f64);
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Err(io::Error::other(Cancelled));
+            }
+            let now = Instant::now();
+            if now >= due {
+                return Ok(());
+            }
+            std::thread::sleep((due - now).min(Duration::from_millis(100)));
+        }
+    }
+}
+
+/// Feeds every byte of `src` to `out`, reading only its data segments (at most `rate` bytes
+/// per second of them); holes go in as zeros. Stops with [`Cancelled`] once `stop` is set.
 fn pump_sparse(
     src: &File,
     out: &mut HashingWriter,
     stop: &AtomicBool,
+    rate: Option<NonZeroU64>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> io::Result<()> {
     let len = src.metadata()?.len();
+    let mut pace = Pace::new(rate);
     let mut pos = 0u64;
     let mut last = Instant::now();
     progress(0, len);
@@ -247,6 +288,7 @@ fn pump_sparse(
             }
             out.write(buf, n)?;
             pos += n as u64;
+            pace.read(n as u64, stop)?;
             if last.elapsed() >= PROGRESS_EVERY {
                 progress(pos, len);
                 last = Instant::now();
@@ -296,13 +338,14 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// Copies `src` to a new file `dest` (sparse, fsynced) and checksums it in the same pass.
-/// `progress(done, total)` is called about once a second; setting `stop` ends the copy with
-/// `ABORTED`. Blocking.
+/// Copies `src` to a new file `dest` (sparse, fsynced) and checksums it in the same pass,
+/// reading at most `rate` bytes per second when given. `progress(done, total)` is called
+/// about once a second; setting `stop` ends the copy with `ABORTED`. Blocking.
 pub fn copy_file(
     src: &Path,
     dest: &Path,
     stop: &AtomicBool,
+    rate: Option<NonZeroU64>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Copied> {
     let input =
@@ -313,7 +356,7 @@ pub fn copy_file(
         .open(dest)
         .map_err(|e| CsiError::io(format!("creating {}", dest.display()), e))?;
     let mut out = HashingWriter::new(output);
-    pump_sparse(&input, &mut out, stop, progress).map_err(|e| {
+    pump_sparse(&input, &mut out, stop, rate, progress).map_err(|e| {
         if e.get_ref().is_some_and(|inner| inner.is::<Cancelled>()) {
             return CsiError::Aborted(format!("copying {} was cancelled", src.display()));
         }
@@ -460,7 +503,10 @@ mod tests {
         let (src, whole) = sparse_file(dir.path());
         let dest = dir.path().join("dest.img");
         let mut calls = 0;
-        let got = copy_file(&src, &dest, &AtomicBool::new(false), &mut |_, _| calls += 1).unwrap();
+        let got = copy_file(&src, &dest, &AtomicBool::new(false), None, &mut |_, _| {
+            calls += 1
+        })
+        .unwrap();
         let expected = hex(&sha2::Sha512::digest(&whole));
         assert_eq!(got.size, whole.len() as u64);
         assert_eq!(got.sha512, expected);
@@ -475,11 +521,51 @@ mod tests {
             blocks(&dest)
         );
         // The destination must be new.
-        assert!(copy_file(&src, &dest, &AtomicBool::new(false), &mut |_, _| {}).is_err());
+        assert!(copy_file(&src, &dest, &AtomicBool::new(false), None, &mut |_, _| {}).is_err());
         // A stopped copy ends early, as ABORTED.
         let stop = AtomicBool::new(true);
-        let err = copy_file(&src, &dir.path().join("stopped"), &stop, &mut |_, _| {}).unwrap_err();
+        let err = copy_file(
+            &src,
+            &dir.path().join("stopped"),
+            &stop,
+            None,
+            &mut |_, _| {},
+        )
+        .unwrap_err();
         assert!(matches!(err, CsiError::Aborted(_)), "{err}");
+    }
+
+    #[test]
+    fn a_paced_copy_reads_no_faster_than_its_rate_and_stops_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, whole) = sparse_file(dir.path());
+        // About 3 MiB of data (the holes are free) at 6 MiB/s: half a second at least.
+        let rate = NonZeroU64::new(6 * CHUNK as u64);
+        let started = Instant::now();
+        let dest = dir.path().join("paced");
+        let got = copy_file(&src, &dest, &AtomicBool::new(false), rate, &mut |_, _| {}).unwrap();
+        assert!(
+            started.elapsed() >= Duration::from_millis(450),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(std::fs::read(&dest).unwrap() == whole);
+        assert_eq!(got.sha512, hex(&sha2::Sha512::digest(&whole)));
+        // A copy waiting on its rate still stops when asked.
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopper = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                stop.store(true, Ordering::Relaxed);
+            })
+        };
+        let slow = NonZeroU64::new(1024);
+        let started = Instant::now();
+        let err = copy_file(&src, &dir.path().join("slow"), &stop, slow, &mut |_, _| {});
+        stopper.join().unwrap();
+        assert!(matches!(err, Err(CsiError::Aborted(_))), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(30));
     }
 
     #[test]
@@ -491,6 +577,7 @@ mod tests {
             &empty,
             &dir.path().join("e2"),
             &AtomicBool::new(false),
+            None,
             &mut |_, _| {},
         )
         .unwrap();
@@ -504,6 +591,7 @@ mod tests {
             &holes,
             &dir.path().join("h2"),
             &AtomicBool::new(false),
+            None,
             &mut |_, _| {},
         )
         .unwrap();

@@ -29,21 +29,26 @@ pub fn check_export_type(value: &str) -> Result<()> {
 
 /// Converts `src` (of format `src_format`) to `dest` in `dest_format`.
 pub async fn convert(src: &Path, src_format: &str, dest: &Path, dest_format: &str) -> Result<()> {
-    convert_with_progress(src, src_format, dest, dest_format, |_| {}).await
+    convert_with_progress(src, src_format, dest, dest_format, None, |_| {}).await
 }
 
-/// Like [`convert`], calling `progress` with the percentage `qemu-img convert -p` reports.
+/// Like [`convert`], reading at most `rate` bytes per second when given (`qemu-img convert
+/// -r`), and calling `progress` with the percentage `qemu-img convert -p` reports.
 pub async fn convert_with_progress(
     src: &Path,
     src_format: &str,
     dest: &Path,
     dest_format: &str,
+    rate: Option<std::num::NonZeroU64>,
     mut progress: impl FnMut(f64) + Send,
 ) -> Result<()> {
     use tokio::io::AsyncReadExt;
-    let mut child = tokio::process::Command::from(command::tool("qemu-img"))
-        .arg("convert")
-        .arg("-p")
+    let mut command = tokio::process::Command::from(command::tool("qemu-img"));
+    command.arg("convert").arg("-p");
+    if let Some(rate) = rate {
+        command.args(["-r", &rate.to_string()]);
+    }
+    let mut child = command
         .args(["-f", src_format, "-O", dest_format])
         .arg(src)
         .arg(dest)

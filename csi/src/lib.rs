@@ -102,6 +102,8 @@ pub struct Config {
     /// The capacity volumes may be promised, in percent of what the store's filesystem can
     /// hold for them: 100 means every volume can be filled at once.
     pub over_provisioning: u32,
+    /// The most bytes per second an export reads from a volume; `None`: no limit.
+    pub export_rate: Option<std::num::NonZeroU64>,
 }
 
 impl Config {
@@ -158,7 +160,12 @@ impl Driver {
         let volumes = VolumeStore::open(config.store.join("volumes"))?;
         let store = ImageStore::open(config.backing_images.clone(), &config.node_id)?;
         let cuts = cut::Cuts::open(config.store.join("cuts"))?;
-        let images = Arc::new(Images::new(store, cuts, config.node_id.clone()));
+        let images = Arc::new(Images::new(
+            store,
+            cuts,
+            config.node_id.clone(),
+            config.export_rate,
+        ));
         Ok(Arc::new(Driver {
             config,
             volumes,

@@ -99,6 +99,11 @@ pub struct CsiArgs {
     #[arg(long, value_name = "PERCENT", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub over_provisioning: u32,
+    /// The most bytes per second an export (a VolumeSnapshot of `type: bi`) reads from its
+    /// volume, so that a large export leaves the node's disk to the pods using it.
+    /// 0: no limit.
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub export_rate: u64,
 }
 
 impl CsiArgs {
@@ -118,6 +123,7 @@ impl CsiArgs {
             max_image_size: self.max_image_size,
             download_idle_timeout: std::time::Duration::from_secs(self.download_idle_timeout),
             over_provisioning: self.over_provisioning,
+            export_rate: std::num::NonZeroU64::new(self.export_rate),
         }
     }
 }

@@ -198,7 +198,9 @@ async fn delete_during_export_cancels_it_and_leaves_nothing() {
 /// it is now, and the snapshot keeps its id and creation time. Deleting it then leaves
 /// nothing: not the killed export's temp file, not the cut.
 async fn export_survives_restart(signal: i32) {
-    let mut server = Server::shared_images(&[]);
+    // 16 MiB of data at 4 MiB/s: the export outlasts the write below, however fast the
+    // machine, and the restart comes while it runs.
+    let mut server = Server::shared_images(&["--export-rate", "4194304"]);
     let mut c = server.clients().await;
     let (vol, before) = volume_with_data(&mut c, &server, "pvc-pit", 7).await;
     let req = snapshot_req("snap-pit", &vol, "raw");

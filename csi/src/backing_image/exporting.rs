@@ -136,12 +136,13 @@ impl Images {
     ) -> Result<Option<String>> {
         let worker = Arc::clone(self);
         let name = state.name.clone();
+        let rate = self.export_rate;
         if export_type == export::RAW {
             let (src, dest) = (src.to_owned(), dest.to_owned());
             let stop = copy::StopOnDrop(Arc::default());
             let stopped = Arc::clone(&stop.0);
             let copying = tokio::task::spawn_blocking(move || {
-                copy::copy_file(&src, &dest, &stopped, &mut |done, total| {
+                copy::copy_file(&src, &dest, &stopped, rate, &mut |done, total| {
                     tracing::info!(image = %name, done, total, "exporting");
                     worker.set_progress(&name, done, total);
                 })
@@ -164,7 +165,7 @@ impl Images {
         let total = state.virtual_size;
         let mut last = Instant::now();
         let converting =
-            export::convert_with_progress(src, export::RAW, dest, export_type, move |pct| {
+            export::convert_with_progress(src, export::RAW, dest, export_type, rate, move |pct| {
                 if last.elapsed() >= PROGRESS_EVERY || pct >= 100.0 {
                     let done = (total as f64 * pct / 100.0) as u64;
                     tracing::info!(image = %name, done, total, "exporting");

@@ -27,6 +27,7 @@ mod store;
 mod wait;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,6 +50,8 @@ pub struct Images {
     /// This node's durable cuts, which its exports are made from.
     pub cuts: Cuts,
     node: String,
+    /// The most bytes per second an export reads; `None`: no limit.
+    export_rate: Option<NonZeroU64>,
     jobs: Arc<JobSet<()>>,
     users: Mutex<HashMap<String, usize>>,
 }
@@ -76,11 +79,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Images {
-    pub fn new(store: ImageStore, cuts: Cuts, node: String) -> Images {
+    pub fn new(
+        store: ImageStore,
+        cuts: Cuts,
+        node: String,
+        export_rate: Option<NonZeroU64>,
+    ) -> Images {
         Images {
             store,
             cuts,
             node,
+            export_rate,
             jobs: Arc::default(),
             users: Mutex::new(HashMap::new()),
         }

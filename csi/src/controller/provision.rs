@@ -185,6 +185,7 @@ impl ControllerService {
                         &format,
                         &staging.disk(),
                         export::RAW,
+                        None,
                         |pct| {
                             if last.elapsed() >= std::time::Duration::from_secs(10) {
                                 tracing::info!(volume = %id, percent = pct, "restoring");
