@@ -28,6 +28,9 @@ use crate::store::{self, creds, Kind};
 pub(super) struct Held<'a> {
     view: &'a View,
     pub(super) node: Arc<Node>,
+    /// The local entry under the name, as the hold found it; `None` if the name showed from
+    /// below. The kernel holds the name locked, so it stands for the rest of the operation.
+    pub(super) local: Option<Stat>,
 }
 
 impl Drop for Held<'_> {
@@ -287,7 +290,7 @@ impl View {
         if held.node.is_dir() {
             return Err(Errno::EISDIR);
         }
-        self.remove(&parent, name, &c, &held.node)
+        self.remove(&parent, name, &c, &held)
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<(), Errno> {
@@ -301,7 +304,7 @@ impl View {
         if !self.is_empty_dir(held.node.zone, held.node.ino, &fds)? {
             return Err(Errno::ENOTEMPTY);
         }
-        self.remove(&parent, name, &c, &held.node)
+        self.remove(&parent, name, &c, &held)
     }
 
     /// Removes a name: its local entry, replaced by a whiteout in the same step if
@@ -311,8 +314,9 @@ impl View {
         parent: &Arc<Node>,
         name: &OsStr,
         c: &CStr,
-        node: &Arc<Node>,
+        held: &Held<'_>,
     ) -> Result<(), Errno> {
+        let node = &held.node;
         // A copy-up under way would put the object under its name after the removal.
         let copying = node.copy_lock();
         self.copy_up_for_writers(node, &copying)?;
@@ -320,7 +324,12 @@ impl View {
         let root = self.quota().under(parent);
         let fds = parent.dir_fds();
         if let Some(local) = fds.local() {
-            if let Ok(st) = store::stat_at(local, c) {
+            // A name found below has just been copied up if writers waited on it.
+            let st = match held.local {
+                Some(st) => Ok(st),
+                None => store::stat_at(local, c),
+            };
+            if let Ok(st) = st {
                 if !marker::hides(parent.zone, local, c, &st) {
                     let cleared = if below {
                         let cleared = names::whiteout_over(local, c, node.is_dir())?;
@@ -391,10 +400,15 @@ impl View {
     ) -> Result<Held<'_>, Errno> {
         let index = IndexOnce::of(self);
         let found = self.resolve(parent, name, c, &index, Probe::Stat)?;
+        let local = match &found {
+            Found::Local { st, .. } => Some(*st),
+            _ => None,
+        };
         let entry = self.materialize(parent, name, c, &index, found)?;
         Ok(Held {
             view: self,
             node: entry.node,
+            local,
         })
     }
 
