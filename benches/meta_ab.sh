@@ -54,9 +54,9 @@ sync
 # One round of one binary: prints "create stat unlink" as ops/s, µs of daemon CPU and
 # context switches per operation.
 round() {
-    python3 - "$FS/$1" "$REL" "$FILES" "$LAYER_FILES" "${PID[$1]}" <<'EOF'
+    python3 - "$FS/$1" "$REL" "$FILES" "$LAYER_FILES" "${PID[$1]}" "$REPO" <<'EOF'
 import glob, os, sys, time
-mnt, rel, n, m, pid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+mnt, rel, n, m, pid, repo = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 
 def daemon():
     """CPU time (ns) and context switches of every thread of the daemon."""
@@ -83,14 +83,16 @@ def measure(paths, op):
     k = len(paths)
     return "%.0f %.1f %.2f" % (k / wall, (c1 - c0) / k / 1000, (s1 - s0) / k)
 
+# One CPU for the workload, as in run.sh (bench.py's pin_workload says why).
+os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
 d = os.path.join(mnt, "meta.%d" % os.getpid())
 os.mkdir(d)
 files = [os.path.join(d, "f%06d" % i) for i in range(n)]
 layer = [os.path.join(mnt, rel, "f%06d" % i) for i in range(m)]
 create = measure(files, lambda p: os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)))
-os.sync()
-with open("/proc/sys/vm/drop_caches", "w") as f:
-    f.write("3")
+sys.path.insert(0, os.path.join(repo, "benches"))
+import bench
+bench.drop_caches()
 stat = measure(layer, os.stat)
 unlink = measure(files, os.unlink)
 os.rmdir(d)

@@ -16,6 +16,8 @@
 #                  in-memory FUSE server that does no filesystem work (benches/uring), over
 #                  /dev/fuse and io_uring: the fastest any FUSE filesystem's metadata can be here
 #   REPEAT=1       rounds over all targets, interleaved; the report gives medians and spread
+#   META_CPU=      the CPU the metadata workload runs on (default: the highest it may use;
+#                  "none": unpinned); the servers are never pinned
 #   COPYUP_SAMPLES=3  copy-ups of each kind per round, each of a file of its own: one copy-up
 #                  is one fsync of 64 MiB, whose time varies by 2x from one to the next
 set -euo pipefail
@@ -414,7 +416,7 @@ mem_gib=$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
     echo "- scratch filesystem: $fs_type; fio $(fio --version 2>/dev/null | sed 's/^fio-//')"
     want fuse-overlayfs && echo "- fuse-overlayfs: $(fuse-overlayfs --version 2>/dev/null | sed -n 's/^fuse-overlayfs: *//p' | head -n1)"
     want layerfs && echo "- layerfs: $("$LAYERFS" --version 2>/dev/null | head -n1 || echo unknown)"
-    echo "- SIZE=$SIZE RUNTIME=$RUNTIME FILES=$FILES REPEAT=$REPEAT TARGETS=\"${TARGET_LIST[*]}\"; ioengine=psync, direct=0, 1 job"
+    echo "- SIZE=$SIZE RUNTIME=$RUNTIME FILES=$FILES REPEAT=$REPEAT META_CPU=${META_CPU:-highest} TARGETS=\"${TARGET_LIST[*]}\"; ioengine=psync, direct=0, 1 job"
     [ "$CACHES_DROPPED" = 1 ] || echo "- WARNING: caches could not be dropped: 'first read' and 'cold stat' were warm"
     echo "- wall time: ${ELAPSED}s"
     echo
