@@ -9,7 +9,7 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use tracing::{info, warn};
 
-use crate::config::MountConfig;
+use crate::config::{MountConfig, RingUse};
 use crate::control::reconfigure::{Live, Reconfigure};
 use crate::control::MountControl;
 use crate::daemon::Readiness;
@@ -147,9 +147,10 @@ fn serve_on(
         entry: config.entry_timeout,
         attr: config.attr_timeout,
     };
+    let want_ring = wants_ring(config, kept.is_some());
     let transport = Transport {
         passthrough: config.passthrough,
-        io_uring: config.io_uring && !kept_ring_refused(config, kept.is_some()),
+        io_uring: want_ring,
         keep_cache: config.atime.files != Atime::StrictAtime,
     };
     let fs = LayerFs::new(
@@ -265,6 +266,9 @@ fn serve_on(
             path: config.mountpoint.clone(),
             source,
         })?;
+    if ring.is_none() && want_ring && config.io_uring == RingUse::Always {
+        info!("the kernel offers no FUSE over io_uring (fuse module parameter enable_uring); requests stay on /dev/fuse");
+    }
     let settings = ring::Settings::for_pools(config.remote_threads + SYNC_THREADS + CROWD_THREADS);
     let served = session
         .run_with(|dispatcher| {
@@ -634,15 +638,19 @@ fn resume_session(
     Ok((session, unmounter, notices))
 }
 
-/// Whether io_uring, asked for, is refused because a keeper holds the connection: the ring's
-/// registrations die with the daemon that made them, and the requests on them are not sent
-/// again, so a kept mount takes its requests through `/dev/fuse`.
-fn kept_ring_refused(config: &MountConfig, kept: bool) -> bool {
-    let refused = config.io_uring && kept;
-    if refused {
-        warn!("io_uring is not used under a keeper: requests go through /dev/fuse, which a restarted daemon resumes");
+/// Whether the daemon asks the kernel for FUSE over io_uring. Never under a keeper: the
+/// ring's registrations die with the daemon that made them, and the requests on them are not
+/// sent again, so a kept mount takes its requests through `/dev/fuse`.
+fn wants_ring(config: &MountConfig, kept: bool) -> bool {
+    match config.io_uring {
+        RingUse::Never => false,
+        RingUse::Auto => !kept,
+        RingUse::Always if kept => {
+            warn!("io_uring is not used under a keeper: requests go through /dev/fuse, which a restarted daemon resumes");
+            false
+        }
+        RingUse::Always => true,
     }
-    refused
 }
 
 /// Local, reached through a private clone of its mount on which reads move access times as

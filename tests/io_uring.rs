@@ -210,7 +210,42 @@ fn the_ring_serves_what_dev_fuse_serves() {
         );
         exercise(&m, true);
     }
-    // Not asked for, not used, even when offered.
+    // Not asked for: used, where it is offered.
     let m = Mount::new();
+    exercise(&m, true);
+    // Refused: not used, even when offered.
+    let m = Mount::with(
+        Options {
+            opts: "noio_uring".into(),
+            ..Options::default()
+        },
+        |_| {},
+    );
     exercise(&m, false);
+}
+
+/// A mount a keeper holds stays on /dev/fuse, ring offered or not: the requests in flight on
+/// a dead daemon's ring are not sent again to the next one.
+#[test]
+fn a_kept_mount_stays_on_dev_fuse() {
+    let Some(_offered) = RingOffered::turn_on() else {
+        return missing_capability("io_uring", "the kernel has no FUSE over io_uring");
+    };
+    let m = Mount::with(
+        Options {
+            foreground: false,
+            ..Options::default()
+        },
+        |_| {},
+    );
+    let status = std::process::Command::new(BIN)
+        .arg("status")
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("through /dev/fuse") && text.contains("kept by"),
+        "layerfs status says:\n{text}"
+    );
 }

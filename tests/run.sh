@@ -52,4 +52,15 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --all-targets --no-fail-fast
+
+# The same tests with the kernel offering FUSE over io_uring, which every mount without a
+# keeper then takes by default: the ring must keep every guarantee /dev/fuse keeps.
+uring=/sys/module/fuse/parameters/enable_uring
+if [ "${LAYERFS_TEST_TRANSPORTS:-dev,uring}" != dev ] && [ -w "$uring" ]; then
+    offered=$(cat "$uring")
+    trap 'echo "$offered" > "$uring"' EXIT
+    echo Y > "$uring"
+    echo "the tests again, over FUSE over io_uring"
+    cargo test --workspace --all-targets --no-fail-fast
+fi
 bash tests/systemd_units.sh

@@ -15,6 +15,19 @@ use crate::fs::kernel_mount::MountSpec;
 use crate::store::atime::AccessTimes;
 use crate::view::LinkStyle;
 
+/// When requests come through FUSE over io_uring (`-o io_uring`, `-o noio_uring`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingUse {
+    /// Where the kernel offers it (the fuse module's `enable_uring`) and no keeper holds the
+    /// connection: a ring's registrations die with the daemon that made them, and on 6.18
+    /// the requests in flight on them are not sent again to the next one.
+    Auto,
+    /// Where the kernel offers it, and a mount that asks for it has no keeper by default.
+    Always,
+    /// Never: `/dev/fuse` only.
+    Never,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct MountConfig {
     pub remote: PathBuf,
@@ -33,8 +46,8 @@ pub struct MountConfig {
     pub threads: usize,
     pub remote_threads: usize,
     pub passthrough: bool,
-    /// Take requests through FUSE over io_uring when the kernel offers it.
-    pub io_uring: bool,
+    /// Whether requests come through FUSE over io_uring where the kernel offers it.
+    pub io_uring: RingUse,
     /// A keeper holds the connection and restarts a daemon that dies (DESIGN §13); `None`:
     /// as [`MountConfig::kept`] decides.
     pub keeper: Option<bool>,
@@ -88,7 +101,7 @@ impl Default for MountConfig {
             // As many calls as may be outstanding on the remote at once.
             remote_threads: 32,
             passthrough: true,
-            io_uring: false,
+            io_uring: RingUse::Auto,
             keeper: None,
             entry_timeout: Duration::from_secs(3600),
             attr_timeout: Duration::from_secs(3600),
@@ -214,7 +227,7 @@ impl MountConfig {
     /// the foreground is a supervisor's child (systemd, a test), which asks for one itself.
     pub fn kept(&self) -> bool {
         self.keeper.unwrap_or_else(|| {
-            !self.foreground && !self.io_uring && nix::unistd::geteuid().is_root()
+            !self.foreground && self.io_uring != RingUse::Always && nix::unistd::geteuid().is_root()
         })
     }
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::{bad, parse_driver, parse_duration, parse_secs, MountConfig};
+use super::{bad, parse_driver, parse_duration, parse_secs, MountConfig, RingUse};
 use crate::error::{Error, Result};
 use crate::store::atime::Atime;
 use crate::view::LinkStyle;
@@ -318,12 +318,16 @@ pub const OPTIONS: &[MountOption] = &[
         usage: "io_uring | noio_uring",
         flag: None,
         meaning: "take requests through FUSE over io_uring where the kernel offers it (the \
-                  fuse module's parameter enable_uring), through /dev/fuse otherwise",
-        default: "noio_uring",
+                  fuse module's parameter enable_uring), through /dev/fuse otherwise; \
+                  noio_uring: always through /dev/fuse",
+        default: "io_uring where the kernel offers it, unless a keeper holds the mount",
         keys: &["io_uring", "noio_uring"],
         takes_value: false,
         apply: |c, g| {
-            c.io_uring = g.key == "io_uring";
+            c.io_uring = match g.key {
+                "io_uring" => RingUse::Always,
+                _ => RingUse::Never,
+            };
             Ok(())
         },
     },

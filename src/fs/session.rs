@@ -59,7 +59,7 @@ impl Core {
                 let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
                 self.ring.store(true, Ordering::Relaxed);
             } else {
-                info!("the kernel offers no FUSE over io_uring (fuse module parameter enable_uring); requests stay on /dev/fuse");
+                tracing::debug!("the kernel offers no FUSE over io_uring (fuse module parameter enable_uring); requests stay on /dev/fuse");
             }
         }
         info!(

@@ -32,24 +32,34 @@ pub fn missing_capability(capability: &str, why: &str) {
 
 const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 
-/// Turns the kernel's offer of FUSE over io_uring on for as long as it lives. Mounts that do
-/// not ask for the ring are not affected by it.
-pub struct RingOffered {
-    before: String,
-}
+/// Turns the kernel's offer of FUSE over io_uring on for as long as it lives; the last one
+/// of a test binary to go puts back what the first found. Mounts that run meanwhile and do
+/// not refuse the ring (`noio_uring`) or have a keeper take it too.
+pub struct RingOffered(());
+
+/// How many [`RingOffered`] live in this process, and what the first found.
+static OFFERED: std::sync::Mutex<(usize, String)> = std::sync::Mutex::new((0, String::new()));
 
 impl RingOffered {
     /// `None` where the kernel has no such parameter (no FUSE over io_uring).
     pub fn turn_on() -> Option<RingOffered> {
-        let before = fs::read_to_string(URING_PARAM).ok()?;
-        fs::write(URING_PARAM, "Y").expect("enable_uring");
-        Some(RingOffered { before })
+        let mut offered = OFFERED.lock().unwrap_or_else(|e| e.into_inner());
+        if offered.0 == 0 {
+            offered.1 = fs::read_to_string(URING_PARAM).ok()?;
+            fs::write(URING_PARAM, "Y").expect("enable_uring");
+        }
+        offered.0 += 1;
+        Some(RingOffered(()))
     }
 }
 
 impl Drop for RingOffered {
     fn drop(&mut self) {
-        let _ = fs::write(URING_PARAM, self.before.trim());
+        let mut offered = OFFERED.lock().unwrap_or_else(|e| e.into_inner());
+        offered.0 -= 1;
+        if offered.0 == 0 {
+            let _ = fs::write(URING_PARAM, offered.1.trim());
+        }
     }
 }
 
