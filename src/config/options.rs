@@ -337,7 +337,7 @@ pub const OPTIONS: &[MountOption] = &[
         meaning: "a keeper process holds the FUSE connection and restarts a daemon that \
                   dies, so the mount and the containers on it outlive it (root only; \
                   requests go through /dev/fuse)",
-        default: "keeper when root mounts in the background without io_uring",
+        default: "keeper when root mounts in the background without -o io_uring",
         keys: &["keeper", "nokeeper"],
         takes_value: false,
         apply: |c, g| {
