@@ -284,6 +284,9 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();
+        // A test that failed half-way may leave mounts of its own in the temp dir (binds of
+        // an exposed view, dead once the daemon is gone): detach them before it is removed.
+        detach_below(self.dir.path());
         if !std::thread::panicking() {
             assert_eq!(
                 tree_hash(&self.remote),
@@ -291,6 +294,23 @@ impl Drop for Mount {
                 "the remote tree was modified"
             );
         }
+    }
+}
+
+/// Lazily detaches every mount at or below `dir`, the deepest first.
+pub fn detach_below(dir: &Path) {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for point in points {
+        let _ = Command::new("umount").arg("-l").arg(&point).status();
     }
 }
 
