@@ -16,6 +16,7 @@ Subcommands:
                                fsync + close, after a full read so the source is cached); print ms.
                                A sparse PATH that is not sparse after the copy-up is a warning,
                                with --strict a failure. --trunc opens with O_TRUNC (a rewrite)
+  settle                       wait until the machine is all but idle (after dropping caches)
   report RESULTS TARGETS...    print the Markdown result tables
 """
 
@@ -473,7 +474,7 @@ def main():
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
-    fn = {"bytes": cmd_bytes, "mkdata": cmd_mkdata, "fio": cmd_fio, "meta": cmd_meta,
+    fn = {"settle": lambda _args: settle(), "bytes": cmd_bytes, "mkdata": cmd_mkdata, "fio": cmd_fio, "meta": cmd_meta,
           "copyup": cmd_copyup, "mksparse": cmd_mksparse, "report": cmd_report, "requests": cmd_requests}.get(cmd)
     if fn is None:
         raise SystemExit(__doc__)
