@@ -83,15 +83,15 @@ def measure(paths, op):
     k = len(paths)
     return "%.0f %.1f %.2f" % (k / wall, (c1 - c0) / k / 1000, (s1 - s0) / k)
 
-# One CPU for the workload, as in run.sh (bench.py's pin_workload says why).
-os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+sys.path.insert(0, os.path.join(repo, "benches"))
+import bench
+# One CPU for the workload, as in run.sh (`META_CPU`).
+bench.pin_workload()
 d = os.path.join(mnt, "meta.%d" % os.getpid())
 os.mkdir(d)
 files = [os.path.join(d, "f%06d" % i) for i in range(n)]
 layer = [os.path.join(mnt, rel, "f%06d" % i) for i in range(m)]
 create = measure(files, lambda p: os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)))
-sys.path.insert(0, os.path.join(repo, "benches"))
-import bench
 bench.drop_caches()
 stat = measure(layer, os.stat)
 unlink = measure(files, os.unlink)

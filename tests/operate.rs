@@ -95,19 +95,6 @@ impl Drop for Dirs {
     }
 }
 
-/// Mountpoints at or below `dir`, from this process's mountinfo.
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut v: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(p.replace("\\040", " ")))
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    v.dedup();
-    v
-}
-
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

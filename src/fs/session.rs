@@ -51,16 +51,13 @@ impl Core {
                 self.passthrough.store(true, Ordering::Relaxed);
             }
         }
-        if self.want_ring {
-            if offered.contains(InitFlags::FUSE_OVER_IO_URING) {
-                // A ring entry's payload holds the largest request: keep max_write at the
-                // kernel's default page limit (256 pages), which caps it anyway.
-                let _ = config.set_max_write(ring::MAX_WRITE);
-                let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
-                self.ring.store(true, Ordering::Relaxed);
-            } else {
-                tracing::debug!("the kernel offers no FUSE over io_uring (fuse module parameter enable_uring); requests stay on /dev/fuse");
-            }
+        // Not offered: the mount says so where it was asked for (see `mount`).
+        if self.want_ring && offered.contains(InitFlags::FUSE_OVER_IO_URING) {
+            // A ring entry's payload holds the largest request: keep max_write at the
+            // kernel's default page limit (256 pages), which caps it anyway.
+            let _ = config.set_max_write(ring::MAX_WRITE);
+            let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+            self.ring.store(true, Ordering::Relaxed);
         }
         info!(
             io_uring = self.ring.load(Ordering::Relaxed),

@@ -297,17 +297,22 @@ impl Drop for Mount {
     }
 }
 
-/// Lazily detaches every mount at or below `dir`, the deepest first.
-pub fn detach_below(dir: &Path) {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let mut points: Vec<PathBuf> = info
+/// Mountpoints at or below `dir`, from this process's mountinfo.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut v: Vec<PathBuf> = info
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
         .map(|p| PathBuf::from(p.replace("\\040", " ")))
         .filter(|p| p.starts_with(dir))
         .collect();
+    v.dedup();
+    v
+}
+
+/// Lazily detaches every mount at or below `dir`, the deepest first.
+pub fn detach_below(dir: &Path) {
+    let mut points = mounts_under(dir);
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for point in points {
         let _ = Command::new("umount").arg("-l").arg(&point).status();
