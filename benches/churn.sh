@@ -1,8 +1,8 @@
 #!/bin/sh
 # Memory and descriptors of the daemon over a churn of N files (default 1 000 000): all are
 # created (and stay in the kernel's cache), then all are deleted. The daemon holds every
-# object the kernel knows open, trims the kernel's cache past 40 % of its open-file limit,
-# and keeps nothing per file once the kernel forgot it (DESIGN §3, §10).
+# object the kernel knows open, trims the kernel's cache once its nodes may hold 60 % of its
+# open-file limit, and keeps nothing per file once the kernel forgot it (DESIGN §3, §10).
 #
 # Usage: benches/churn.sh [N]   (as root; needs /dev/fuse and python3)
 set -eu

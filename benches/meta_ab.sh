@@ -11,6 +11,7 @@
 #   LAYER_FILES=6000   files stat'ed cold a round inside a remote layer (the remote pool's path)
 #   IMG=8G         size of the ext4 image the trees live on
 #   SCRATCH=/dev/shm/layerfs-ab   where the image goes (in memory by default: no disk noise)
+#   OPTIONS=       more mount options for both, e.g. io_uring (with the fuse module's enable_uring on)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,7 +47,7 @@ for t in "${BINS[@]}"; do
     bin=$OLD
     [ "$t" = new ] && bin=$NEW
     mkdir -p "$FS/$t" "$FS/local-$t"
-    "$bin" mount --remote "$FS/remote" --local "$FS/local-$t" -o allow_other "$FS/$t"
+    "$bin" mount --remote "$FS/remote" --local "$FS/local-$t" -o "allow_other${OPTIONS:+,$OPTIONS}" "$FS/$t"
     PID[$t]=$(pgrep -n -f -- " $FS/$t\$") || die "no daemon found for $FS/$t"
 done
 sync

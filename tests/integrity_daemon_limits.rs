@@ -626,7 +626,7 @@ fn trimming_the_kernel_s_cache_never_detaches_a_mount() {
     fs::write(merged.join("f"), "in the container\n").unwrap();
     fs::write(deep.join("f"), "deep\n").unwrap();
 
-    // Directories and files alike (3 000 nodes), well past 40 % of the limit.
+    // Directories and files alike (3 000 nodes), well past the mark where trimming starts.
     for i in 0..1500 {
         let d = mnt.join(format!("walk/d{}/e{i}", i % 8));
         fs::create_dir_all(&d).unwrap();

@@ -400,8 +400,8 @@ fn walk_past_the_open_file_limit(walk: PathBuf, nofile: u64, rounds: usize) -> R
 fn trimming_goes_on_while_a_remote_lookup_is_stuck() {
     const NOFILE: u64 = 1024;
     // The names used longest ago: more remote ones than a round of trimming drops (the
-    // daemon trims past 40 % of its limit down to 25 %), all in one remote directory,
-    // yet fewer than start the trimming on their own.
+    // daemon trims once its nodes may hold 60 % of its limit, down to 40 %: ~210 here),
+    // all in one remote directory, yet fewer than start the trimming on their own.
     let rel = format!("overlay/RO/{}/diff/many", id("L1"));
     let mut s = Stack::with("", Some(NOFILE), |real| {
         fs::create_dir(real.join(&rel)).unwrap();

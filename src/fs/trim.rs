@@ -3,7 +3,8 @@
 //! Every node the kernel holds keeps its object open (see `view::inodes`), so the kernel's
 //! inode cache decides how many descriptors the daemon has open. The kernel trims that
 //! cache only under memory pressure, and a walk over a few million files (a scanner, `du`)
-//! fills it long before. Past 40 % of the open-file limit in nodes, the names of the
+//! fills it long before. Once the nodes may hold 60 % of the open-file limit (one
+//! descriptor a node, two for a directory: its local and remote parts), the names of the
 //! nodes handed out longest ago are dropped from the kernel's cache (`inval_entry`); a FUSE
 //! inode nothing uses is evicted at once, so the kernel forgets those nodes and their
 //! handles close. A name is looked up again, at the cost of one round trip, when next used.
@@ -70,9 +71,10 @@ pub fn spawn(view: &Arc<View>, notices: Arc<Notices>, mountpoint: &Path) -> std:
         .ok_or_else(|| std::io::Error::other("trimming needs the session's notices started"))?;
     let mountpoint = mountinfo::resolve_mountpoint(mountpoint);
     let limit = open_file_limit();
-    // Nodes, not descriptors: a merged directory holds two, open files hold one more each,
-    // and the rest of the limit is headroom for lookups while the kernel forgets.
-    let (high, low) = (limit * 2 / 5, limit / 4);
+    // In the descriptors the nodes may hold (a directory counted as two, merged or not):
+    // the rest of the limit is headroom for open files and for lookups while the kernel
+    // forgets.
+    let (high, low) = (limit * 3 / 5, limit * 2 / 5);
     let (tell, told) = crossbeam_channel::bounded(1);
     view.inodes.watch(high, low, tell);
     // Opened now: a round is most needed when the daemon has no descriptor left to open it.
@@ -86,7 +88,7 @@ pub fn spawn(view: &Arc<View>, notices: Arc<Notices>, mountpoint: &Path) -> std:
             let Some(view) = view.upgrade() else {
                 return;
             };
-            let live = view.inodes.len();
+            let live = view.inodes.held();
             // Crowded, the table is taken down to `low` even below `high`: a request may
             // wait on the crowd pool until it is.
             if live > high || (live > low && view.inodes.crowded()) {

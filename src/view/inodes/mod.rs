@@ -72,6 +72,16 @@ struct Slot {
 struct Maps {
     nodes: HashMap<u64, Slot>,
     by_identity: HashMap<Identity, u64>,
+    /// How many of `nodes` are directories (see [`Maps::held`]).
+    dirs: usize,
+}
+
+impl Maps {
+    /// The most descriptors the nodes can hold: one each, two for a directory (its local
+    /// and its remote part).
+    fn held(&self) -> usize {
+        self.nodes.len() + self.dirs
+    }
 }
 
 /// What a new node is made of, built before the table is locked.
@@ -85,7 +95,8 @@ pub struct NewNode {
     pub generation: u32,
 }
 
-/// Who is told when the table grows past `high` nodes (see [`InodeTable::watch`]).
+/// Who is told when the table's nodes may hold more than `high` descriptors (see
+/// [`InodeTable::watch`]).
 #[derive(Debug)]
 struct Watcher {
     high: usize,
@@ -143,6 +154,7 @@ impl InodeTable {
                 used: AtomicU64::new(0),
             },
         );
+        maps.dirs = 1;
         InodeTable {
             maps: RwLock::new(maps),
             named_numbers: Mutex::new(HashMap::new()),
@@ -296,8 +308,9 @@ impl InodeTable {
                 used: AtomicU64::new(self.tick()),
             },
         );
+        maps.dirs += usize::from(node.is_dir());
         if let Some(Watcher { high, tell, .. }) = self.watcher.get() {
-            if maps.nodes.len() > *high {
+            if maps.held() > *high {
                 self.crowded.store(true, Ordering::Relaxed);
                 let _ = tell.try_send(());
             }
@@ -317,16 +330,17 @@ impl InodeTable {
         }
     }
 
-    /// Has `tell` told (without waiting) whenever a node is added past `high` nodes; the
-    /// table is crowded from then until it is down to `low`.
+    /// Has `tell` told (without waiting) whenever a node is added while the nodes may hold
+    /// more than `high` descriptors ([`InodeTable::held`]); the table is crowded from then
+    /// until they may hold no more than `low`.
     pub fn watch(&self, high: usize, low: usize, tell: crossbeam_channel::Sender<()>) {
         let _ = self.watcher.set(Watcher { high, low, tell });
     }
 
     /// Marks the table crowded and has its watcher told: a call found no descriptor free.
-    /// Nodes are not the only holders (open files hold one more each, a merged directory
-    /// two), so the descriptors can run out below the high mark; until the table is down
-    /// to the low one, trimming then goes on even below the high mark.
+    /// Nodes are not the only holders (open files hold one more each), so the descriptors
+    /// can run out below the high mark; until the table is down to the low one, trimming
+    /// then goes on even below the high mark.
     pub fn run_short(&self) {
         if let Some(Watcher { tell, .. }) = self.watcher.get() {
             // A waiting call runs short every few ms: the write lock only when it changes.
@@ -367,8 +381,9 @@ impl InodeTable {
             let Some(slot) = maps.nodes.remove(&ino) else {
                 return;
             };
+            maps.dirs -= usize::from(slot.node.is_dir());
             if let Some(Watcher { low, .. }) = self.watcher.get() {
-                if maps.nodes.len() <= *low {
+                if maps.held() <= *low {
                     self.crowded.store(false, Ordering::Relaxed);
                 }
             }
@@ -580,6 +595,12 @@ impl InodeTable {
 
     pub fn len(&self) -> usize {
         self.maps.read().nodes.len()
+    }
+
+    /// The most descriptors the nodes can hold: one each, two for a directory. A file's
+    /// node holds one; a directory's one or two (merged).
+    pub fn held(&self) -> usize {
+        self.maps.read().held()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -176,6 +176,32 @@ fn the_least_recently_handed_out_come_first() {
     assert!(t.least_recent(100, true).is_empty(), "never the root");
 }
 
+/// Trimming starts on the descriptors the nodes may hold, not on their number: a file's
+/// node holds one, a directory's up to two. The table is crowded from the high mark until
+/// it is down to the low one.
+#[test]
+fn the_crowd_mark_counts_a_directory_twice_and_a_file_once() {
+    let t = table();
+    assert_eq!(t.held(), 2, "the root is a directory");
+    let (tell, told) = crossbeam_channel::bounded(1);
+    t.watch(6, 4, tell);
+    let files: Vec<_> = (0..3)
+        .map(|i| t.hand_out(file(vec![local(100 + i)])))
+        .collect();
+    assert_eq!((t.len(), t.held()), (4, 5));
+    assert!(!t.crowded() && told.try_recv().is_err());
+    let mut dir = file(vec![local(200)]);
+    dir.kind = Kind::Dir;
+    let dir = t.hand_out(dir);
+    assert_eq!((t.len(), t.held()), (5, 7));
+    assert!(t.crowded() && told.try_recv().is_ok());
+    t.forget(files[0].ino, 1);
+    assert!(t.crowded(), "5 may still be held, above the low mark");
+    t.forget(dir.ino, 1);
+    assert_eq!(t.held(), 4);
+    assert!(!t.crowded());
+}
+
 #[test]
 fn the_root_is_never_forgotten() {
     let t = table();
