@@ -12,6 +12,8 @@
 #   IMG=8G         size of the ext4 image the trees live on
 #   SCRATCH=/dev/shm/layerfs-ab   where the image goes (in memory by default: no disk noise)
 #   OPTIONS=       more mount options for both, e.g. io_uring (with the fuse module's enable_uring on)
+#   NEW_OPTIONS=   more mount options for the new one only, e.g. nopassthrough with OLD=NEW
+#                  to measure what an option costs
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,7 +49,9 @@ for t in "${BINS[@]}"; do
     bin=$OLD
     [ "$t" = new ] && bin=$NEW
     mkdir -p "$FS/$t" "$FS/local-$t"
-    "$bin" mount --remote "$FS/remote" --local "$FS/local-$t" -o "allow_other${OPTIONS:+,$OPTIONS}" "$FS/$t"
+    opts=allow_other${OPTIONS:+,$OPTIONS}
+    [ "$t" = new ] && opts+=${NEW_OPTIONS:+,$NEW_OPTIONS}
+    "$bin" mount --remote "$FS/remote" --local "$FS/local-$t" -o "$opts" "$FS/$t"
     PID[$t]=$(pgrep -n -f -- " $FS/$t\$") || die "no daemon found for $FS/$t"
 done
 sync
