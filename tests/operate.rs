@@ -121,11 +121,6 @@ fn stat_errno(path: &Path) -> Option<i32> {
     fs::metadata(path).err().and_then(|e| e.raw_os_error())
 }
 
-/// How many mounts stand exactly at `mnt`.
-fn mounts_at(mnt: &Path) -> usize {
-    mounts_under(mnt).iter().filter(|p| *p == mnt).count()
-}
-
 fn assert_serves(mnt: &Path) {
     assert!(
         fs::read_link(mnt.join("overlay").join(id("L1"))).is_ok(),

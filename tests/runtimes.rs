@@ -126,24 +126,8 @@ struct MountsBelow {
 
 impl Drop for MountsBelow {
     fn drop(&mut self) {
-        let mut points: Vec<PathBuf> = layerfs::store::mountinfo::current()
-            .into_iter()
-            .map(|m| m.point)
-            .filter(|p| p.starts_with(&self.dir) && !self.keep.contains(p))
-            .collect();
-        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        for p in points {
-            detach(&p);
-        }
+        detach_below(&self.dir, &self.keep);
     }
-}
-
-/// How many mounts stand at `point`.
-fn mounts_at(point: &Path) -> usize {
-    layerfs::store::mountinfo::current()
-        .iter()
-        .filter(|m| m.point == point)
-        .count()
 }
 
 /// The limits runc sets must not be above the test's own: raising them needs

@@ -286,7 +286,7 @@ impl Drop for Mount {
         self.unmount();
         // A test that failed half-way may leave mounts of its own in the temp dir (binds of
         // an exposed view, dead once the daemon is gone): detach them before it is removed.
-        detach_below(self.dir.path());
+        detach_below(self.dir.path(), &[]);
         if !std::thread::panicking() {
             assert_eq!(
                 tree_hash(&self.remote),
@@ -297,35 +297,33 @@ impl Drop for Mount {
     }
 }
 
-/// Mountpoints at or below `dir`, from this process's mountinfo.
+/// Mountpoints at or below `dir`, in mount order; a point with mounts stacked on it comes
+/// once for each.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut v: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+    layerfs::store::mountinfo::current()
+        .into_iter()
+        .map(|m| m.point)
         .filter(|p| p.starts_with(dir))
-        .collect();
-    v.dedup();
-    v
+        .collect()
 }
 
-/// Lazily detaches every mount at or below `dir`, the deepest first.
-pub fn detach_below(dir: &Path) {
+/// How many mounts stand at `point` (stacked ones each count).
+pub fn mounts_at(point: &Path) -> usize {
+    mounts_under(point).iter().filter(|p| *p == point).count()
+}
+
+/// Lazily detaches every mount at or below `dir` but those in `keep`, the deepest first.
+pub fn detach_below(dir: &Path, keep: &[PathBuf]) {
     let mut points = mounts_under(dir);
+    points.retain(|p| !keep.contains(p));
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for point in points {
-        let _ = Command::new("umount").arg("-l").arg(&point).status();
+        detach(&point);
     }
 }
 
 pub fn is_mounted(path: &Path) -> bool {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = path.to_string_lossy().replace(' ', "\\040");
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    mounts_at(path) > 0
 }
 
 fn wait_for_mount(mnt: &Path, mut child: Option<&mut Child>) {

@@ -597,8 +597,7 @@ impl InodeTable {
         self.maps.read().nodes.len()
     }
 
-    /// The most descriptors the nodes can hold: one each, two for a directory. A file's
-    /// node holds one; a directory's one or two (merged).
+    /// The most descriptors the nodes can hold (see `Maps::held`): what trimming watches.
     pub fn held(&self) -> usize {
         self.maps.read().held()
     }
