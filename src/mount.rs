@@ -61,6 +61,7 @@ fn serve_on(
     // Modes arrive from the kernel with the caller's umask already applied.
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     raise_fd_limit();
+    crate::fs::trim::grow_descriptor_table();
     // Bound before anything is mounted: an address that cannot be had fails the mount.
     let (metrics, metrics_server) = match config.metrics {
         Some(addr) => {
