@@ -262,9 +262,9 @@ const TABLE_AT_START: usize = 1 << 16;
 /// The kernel grows the table by doubling it, and in a process of several threads every
 /// doubling waits for an RCU grace period (7–19 ms measured), during which no thread of the
 /// process can open a descriptor. Every node holds one, so a new mount's requests stalled
-/// all together at 256, 512, … 8192 nodes: six stalls in its first 10 000 creates, 5 µs a
-/// create on average. Grown here, the doubling happens once, with no request waiting, and
-/// in a process of one thread without a grace period. A table once grown is never shrunk.
+/// all together at 256, 512, … 8192 nodes: six stalls in its first 10 000 creates, 7 µs a
+/// create on average. Called while the daemon has one thread, before it serves, the table
+/// grows once, with no grace period and no request waiting. A grown table is never shrunk.
 pub fn grow_descriptor_table() {
     use nix::fcntl::{fcntl, open, FcntlArg, OFlag};
     use std::os::fd::{FromRawFd, OwnedFd};
