@@ -396,12 +396,17 @@ fn a_request_out_of_descriptors_waits_for_them_instead_of_failing() {
 // ---- A million creates and deletes ----
 
 fn vm_rss_kib(pid: u32) -> u64 {
+    status_number(pid, "VmRSS")
+}
+
+/// The number in the line `field` of `pid`'s `/proc/<pid>/status` (a unit after it dropped).
+fn status_number(pid: u32, field: &str) -> u64 {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 const CHURN_THREADS: usize = 8;
@@ -527,12 +532,7 @@ fn assert_within_limit(pid: u32, limit: u64) {
 fn the_descriptor_table_holds_what_the_nodes_may_before_the_first_request() {
     let (_dir, remote, local, mnt) = fixture_trees();
     let m = RawMount::start_limited(&remote, &local, &mnt, &["-o", "allow_other"], Some(4096));
-    let status = fs::read_to_string(format!("/proc/{}/status", m.pid())).unwrap();
-    let size: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("FDSize:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("FDSize in the daemon's status");
+    let size = status_number(m.pid(), "FDSize");
     assert!(
         size >= 4096 * 3 / 5,
         "the daemon's descriptor table holds {size} descriptors; trimming starts at {}",
