@@ -154,10 +154,16 @@ impl<T: Clone + Send + Sync + 'static> JobSet<T> {
         tokio::spawn(async move {
             let outcome = job.await.map_err(|e| {
                 if asked.as_ref().is_some_and(Cancel::is_cancelled) {
-                    tracing::debug!(job = %finish.name, "job cancelled");
-                } else {
-                    tracing::warn!(job = %finish.name, error = %e, "job failed");
+                    // Only a delete cancels: whatever the job ended with once it noticed,
+                    // a call waiting on it (and the next call for the name) must hear that
+                    // what it was making is gone, not an error worth retrying.
+                    tracing::debug!(job = %finish.name, error = %e, "job cancelled");
+                    return Failure::from(&CsiError::NotFound(format!(
+                        "{} was deleted while it was being made",
+                        finish.name
+                    )));
                 }
+                tracing::warn!(job = %finish.name, error = %e, "job failed");
                 Failure::from(&e)
             });
             finish.outcome.replace(outcome);
@@ -171,8 +177,9 @@ impl<T: Clone + Send + Sync + 'static> JobSet<T> {
             .is_some_and(|e| e.outcome.borrow().is_none())
     }
 
-    /// Asks the running job `name` to stop; `false` when none runs or it cannot be cancelled.
-    /// Wait for it ([`JobSet::wait`]) to know it is gone.
+    /// Asks the running job `name` to stop, because what it makes is being deleted; `false`
+    /// when none runs or it cannot be cancelled. Wait for it ([`JobSet::wait`]) to know it
+    /// is gone: it then ends, for every waiter, as `NotFound`.
     pub fn cancel(&self, name: &str) -> bool {
         match lock(&self.running).get(name).and_then(|e| e.cancel.clone()) {
             Some(cancel) => {
@@ -251,8 +258,11 @@ mod tests {
         assert!(matches!(set.wait("a", later).await, JobWait::NotRunning));
     }
 
+    /// Whoever waits on a cancelled job (a CreateSnapshot waiting for its cut while
+    /// DeleteSnapshot cancels the export) hears that what it made is gone, however the job
+    /// itself ended once it noticed: not a retryable `Aborted`.
     #[tokio::test]
-    async fn a_cancelled_job_stops_and_says_so() {
+    async fn a_cancelled_job_stops_and_its_waiters_hear_it_is_gone() {
         let set: Arc<JobSet<()>> = Arc::default();
         let cancel = Cancel::default();
         let job_cancel = cancel.clone();
@@ -263,10 +273,11 @@ mod tests {
         assert!(!set.cancel("other"));
         assert!(set.cancel("c"));
         let later = Instant::now() + Duration::from_secs(5);
-        assert!(matches!(
-            set.wait("c", later).await,
-            JobWait::Done(Err(CsiError::Aborted(_)))
-        ));
+        match set.wait("c", later).await {
+            JobWait::Done(Err(CsiError::NotFound(m))) => assert!(m.contains("c "), "{m}"),
+            JobWait::Done(other) => panic!("a waiter heard {other:?}"),
+            _ => panic!("the cancelled job did not end"),
+        }
         assert!(!set.running("c"));
     }
 
