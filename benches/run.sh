@@ -18,6 +18,8 @@
 #   REPEAT=1       rounds over all targets, interleaved; the report gives medians and spread
 #   META_CPU=      the CPU the metadata workload runs on (default: the highest it may use;
 #                  "none": unpinned); the servers are never pinned
+#   WARMUP=1       unrecorded rounds of the metadata workload on every target before the
+#                  measured rounds (0: none)
 #   COPYUP_SAMPLES=3  copy-ups of each kind per round, each of a file of its own: one copy-up
 #                  is one fsync of 64 MiB, whose time varies by 2x from one to the next
 set -euo pipefail
@@ -34,6 +36,7 @@ SCRATCH_FS=${SCRATCH_FS:-ext4}
 LAYERFS=${LAYERFS:-$REPO/target/release/layerfs}
 TARGETS=${TARGETS:-plain overlayfs fuse-overlayfs fuse-floor layerfs}
 REPEAT=${REPEAT:-1}
+WARMUP=${WARMUP:-1}
 COPYUP_SAMPLES=${COPYUP_SAMPLES:-3}
 COPYUP_SIZE=$((64 * 1024 * 1024))
 SPARSE_SIZE=$((1024 * 1024 * 1024))
@@ -67,6 +70,7 @@ for t in "${TARGET_LIST[@]}"; do
 done
 [[ "$FILES" =~ ^[0-9]+$ && "$FILES" -gt 0 ]] || die "FILES must be a positive integer, got '$FILES'"
 [[ "$REPEAT" =~ ^[0-9]+$ && "$REPEAT" -gt 0 ]] || die "REPEAT must be a positive integer, got '$REPEAT'"
+[[ "$WARMUP" =~ ^[0-9]+$ ]] || die "WARMUP must be a non-negative integer, got '$WARMUP'"
 [[ "$COPYUP_SAMPLES" =~ ^[0-9]+$ && "$COPYUP_SAMPLES" -gt 0 ]] || die "COPYUP_SAMPLES must be a positive integer, got '$COPYUP_SAMPLES'"
 [[ "$RUNTIME" =~ ^[0-9]+(ms|s|m)?$ ]] || die "RUNTIME must look like 10s, 30 or 1m, got '$RUNTIME'"
 case "$SCRATCH_FS" in ext4|host) ;; *) die "SCRATCH_FS must be ext4 or host, got '$SCRATCH_FS'" ;; esac
@@ -398,7 +402,29 @@ bench_target() {
     unmount_target "$t"
 }
 
+# The metadata workload once on a target, its figures thrown away. A run's first round
+# otherwise pays for what only a first use costs (the floor over io_uring once took 22 µs a
+# create in a run's first round and 16.6–17.1 in the five after it), which no later round
+# of that target repeats.
+warm_target() {
+    local t=$1 dir
+    log "== $t (warm-up)"
+    METRICS=
+    mount_target "$t"
+    dir=$ROOT
+    case "$t" in fuse-floor*) ;; *) dir=$ROOT/bench-warm.$t ;; esac
+    python3 "$BENCH_PY" meta "$dir" "$FILES" >/dev/null || die "$t: warm-up failed"
+    [ "$dir" = "$ROOT" ] || rm -rf "$dir"
+    unmount_target "$t"
+}
+
 START=$(date +%s)
+for round in $(seq "$WARMUP"); do
+    log "warm-up $round of $WARMUP"
+    for t in "${TARGET_LIST[@]}"; do
+        warm_target "$t"
+    done
+done
 for round in $(seq "$REPEAT"); do
     [ "$REPEAT" = 1 ] || log "round $round of $REPEAT"
     for t in "${TARGET_LIST[@]}"; do
@@ -419,7 +445,7 @@ mem_gib=$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
     echo "- scratch filesystem: $fs_type; fio $(fio --version 2>/dev/null | sed 's/^fio-//')"
     want fuse-overlayfs && echo "- fuse-overlayfs: $(fuse-overlayfs --version 2>/dev/null | sed -n 's/^fuse-overlayfs: *//p' | head -n1)"
     want layerfs && echo "- layerfs: $("$LAYERFS" --version 2>/dev/null | head -n1 || echo unknown)"
-    echo "- SIZE=$SIZE RUNTIME=$RUNTIME FILES=$FILES REPEAT=$REPEAT META_CPU=${META_CPU:-highest} TARGETS=\"${TARGET_LIST[*]}\"; ioengine=psync, direct=0, 1 job"
+    echo "- SIZE=$SIZE RUNTIME=$RUNTIME FILES=$FILES REPEAT=$REPEAT WARMUP=$WARMUP META_CPU=${META_CPU:-highest} TARGETS=\"${TARGET_LIST[*]}\"; ioengine=psync, direct=0, 1 job"
     [ "$CACHES_DROPPED" = 1 ] || echo "- WARNING: caches could not be dropped: 'first read' and 'cold stat' were warm"
     echo "- wall time: ${ELAPSED}s"
     echo
