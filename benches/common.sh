@@ -3,6 +3,12 @@
 # file defines log and die, and sets REPO, BENCH_PY, LAYERFS, and RUN and RESULTS before it
 # runs any job; the A/B scripts set REPO, SCRATCH and IMG before ab_scratch.
 
+# print_usage SCRIPT: the comment block at the top of SCRIPT (after its first line), which
+# documents it and its knobs, without the comment marks.
+print_usage() {
+    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$1"
+}
+
 # ensure_layerfs HINT: builds the release binary if LAYERFS is the default one and missing;
 # HINT ends the error messages (what the user can do instead).
 ensure_layerfs() {

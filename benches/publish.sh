@@ -31,9 +31,11 @@ LAYERFS=${LAYERFS:-$REPO/target/release/layerfs}
 
 log() { printf '[publish-bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'publish-bench: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+. "$REPO/benches/common.sh"
 
 case "${1:-}" in
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) print_usage "$0"; exit 0 ;;
     "") ;;
     *) die "unknown argument '$1' (configure with environment variables, see --help)" ;;
 esac

@@ -43,7 +43,7 @@ die() { printf 'quota-bench: %s\n' "$*" >&2; exit 1; }
 . "$REPO/benches/common.sh"
 
 case "${1:-}" in
-    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    -h|--help) print_usage "$0"; exit 0 ;;
     "") ;;
     *) die "unknown argument '$1' (configure with environment variables, see --help)" ;;
 esac

@@ -37,9 +37,11 @@ SETUPS=(overlayfs layerfs layerfs-quota)
 
 log() { printf '[snapshotter-ab %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'snapshotter_ab: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+. "$REPO/benches/common.sh"
 
 case "${1:-}" in
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) print_usage "$0"; exit 0 ;;
     "") ;;
     *) die "unknown argument '$1' (configure with environment variables, see --help)" ;;
 esac
