@@ -512,13 +512,23 @@ fn more_files_than_the_daemon_may_open_are_served() {
     assert_within_limit(m.pid(), 2048);
 }
 
-/// Asserts that the daemon `pid` holds fewer descriptors than `limit`.
+/// Asserts that the daemon `pid` holds fewer descriptors than `limit`. A failure names the
+/// descriptors at or above the limit and what they are: the daemon cannot have opened those
+/// itself, so they were there when it started.
 fn assert_within_limit(pid: u32, limit: u64) {
-    let open = fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as u64;
+    let fds = open_fds(pid);
+    let open = fds.len() as u64;
     eprintln!("the daemon holds {open} descriptors with a limit of {limit}");
+    let above: Vec<String> = fds
+        .range(limit..)
+        .map(|fd| {
+            let target = fs::read_link(format!("/proc/{pid}/fd/{fd}"));
+            format!("{fd} -> {target:?}")
+        })
+        .collect();
     assert!(
         open < limit,
-        "the daemon holds {open} descriptors with a limit of {limit}"
+        "the daemon holds {open} descriptors with a limit of {limit}; at or above it: {above:?}"
     );
 }
 
