@@ -62,7 +62,8 @@ impl Cancel {
         let _ = rx.wait_for(|c| *c).await;
     }
 
-    /// What a cancelled job ends with.
+    /// What a cancelled job returns when it notices; its waiters hear `NotFound` instead
+    /// (see [`JobSet::start_cancellable`]).
     pub fn error(&self) -> CsiError {
         CsiError::Aborted("cancelled".into())
     }
