@@ -80,6 +80,16 @@ pub struct Kept {
 }
 
 impl Kept {
+    /// The descriptors this process was handed: the connection, the state file and the
+    /// readiness pipe `ready`.
+    pub fn descriptors(&self, ready: &File) -> [std::os::fd::RawFd; 3] {
+        [
+            self.device.as_raw_fd(),
+            self.state.file.as_raw_fd(),
+            ready.as_raw_fd(),
+        ]
+    }
+
     /// What the keeper handed to this process, taken out of the environment: the
     /// descriptors, and the pipe to say `ok` on. `None` for a process a keeper did not
     /// start.

@@ -1,6 +1,8 @@
 //! Starting a mount from a front end: the `layerfs mount` command and the `mount.layerfs`
 //! helper do the same steps, in the same order, through this one function.
 //!
+//! 0. Close what the process inherited by accident (`inherited`): whatever it keeps open, the
+//!    daemon keeps for the life of the mount.
 //! 1. Take back a mountpoint that a killed daemon's dead mount still holds, then validate
 //!    the configuration, so a bad one fails with one line and nothing started; lock the
 //!    local tree against a second daemon.
@@ -17,12 +19,25 @@
 use crate::config::MountConfig;
 use crate::daemon::{self, Readiness};
 use crate::error::{Error, Result};
+use crate::inherited::Closed;
 
 /// Mounts `config` and serves it until it is unmounted. In the detaching parent this does
 /// not return: the process exits with 0 or `failure_code`.
+///
+/// It takes the process over: call it from `main` before any thread or file exists. It
+/// closes every descriptor the process holds but the standard three and what a keeper
+/// handed it.
 pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
-    if let Some(kept) = crate::keeper::Kept::inherited() {
-        return serve_kept(config, kept);
+    let kept = crate::keeper::Kept::inherited();
+    let handed = match &kept {
+        Some(Ok((kept, ready))) => kept.descriptors(ready).to_vec(),
+        _ => Vec::new(),
+    };
+    // SAFETY: the process has started no thread and opened nothing of its own yet; what it
+    // was handed on purpose is in `handed`.
+    let closed = unsafe { crate::inherited::close_all_but(&handed) };
+    if let Some(kept) = kept {
+        return serve_kept(config, kept, &closed);
     }
     crate::fs::kernel_mount::reclaim_dead(&config.mountpoint)?;
     config.validate()?;
@@ -36,6 +51,7 @@ pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
         daemon::detach(failure_code).map_err(Error::Detach)?
     };
     crate::logging::init(&config);
+    log_closed(&closed);
     if config.kept() {
         // The keeper tells whoever waits, and says why a start failed; a daemon it started
         // logs its own errors.
@@ -73,6 +89,7 @@ pub fn mount(mut config: MountConfig, failure_code: i32) -> Result<()> {
 fn serve_kept(
     mut config: MountConfig,
     kept: std::io::Result<(crate::keeper::Kept, std::fs::File)>,
+    closed: &std::io::Result<Vec<Closed>>,
 ) -> Result<()> {
     let (kept, ready) = kept.map_err(|source| Error::Mount {
         path: config.mountpoint.clone(),
@@ -81,6 +98,7 @@ fn serve_kept(
     let mut readiness = Readiness::to_keeper(ready);
     let result = config.validate_kept().and_then(|()| {
         crate::logging::init(&config);
+        log_closed(closed);
         crate::mount::serve_kept(&config, kept, &mut readiness)
     });
     if let Err(e) = &result {
@@ -90,4 +108,24 @@ fn serve_kept(
         std::process::exit(1);
     }
     result
+}
+
+/// Says which inherited descriptors were closed: a caller that leaks them into every child
+/// is worth knowing about.
+fn log_closed(closed: &std::io::Result<Vec<Closed>>) {
+    match closed {
+        Ok(closed) => {
+            for Closed { fd, target } in closed {
+                tracing::debug!(
+                    fd,
+                    target = %target.as_deref().map_or("?".into(), |t| t.display().to_string()),
+                    "closed a descriptor inherited without close-on-exec"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(
+            error = %e,
+            "could not list the descriptors this process inherited; they stay open"
+        ),
+    }
 }

@@ -17,7 +17,7 @@
 //!    the index and tells the kernel what to forget; [`metrics`]: counters and the
 //!    Prometheus endpoint.
 //! 6. The edge: [`config`] (options), [`mount`], [`keeper`], [`expose`], [`launch`], [`daemon`],
-//!    [`local_lock`], [`logging`] and [`error`] (starting and serving a mount), [`control`]
+//!    [`inherited`], [`local_lock`], [`logging`] and [`error`] (starting and serving a mount), [`control`]
 //!    (the control socket and the commands that use it), [`cli`].
 //!
 //! The core never depends on [`control`]: the control server calls the mount through
@@ -30,6 +30,7 @@ pub mod daemon;
 pub mod error;
 pub mod expose;
 pub mod fs;
+pub mod inherited;
 pub mod journal;
 pub mod keeper;
 pub mod launch;

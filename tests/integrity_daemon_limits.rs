@@ -8,6 +8,7 @@
 //! - a create or mkdir that fails after the daemon made its object (out of descriptors)
 //!   leaves no name and never replaces a whiteout, and a request that finds no descriptor
 //!   free waits for one;
+//! - descriptors it inherits by accident are closed when it starts;
 //! - its descriptor table is grown before it serves, so no request waits for it to grow;
 //! - more files than it may open are served, trimming the kernel's cache to stay within the
 //!   limit never detaches a mount on the view, and a burst of new names waits for trimming;
@@ -530,6 +531,48 @@ fn assert_within_limit(pid: u32, limit: u64) {
             })
             .collect();
         panic!("the daemon holds {open} descriptors with a limit of {limit}; at or above it: {above:?}");
+    }
+}
+
+/// A descriptor the daemon inherits without close-on-exec (a caller's stray file, make's or
+/// cargo's jobserver pipe) is closed when it starts: it would count against the daemon's
+/// limit, which its budget for nodes is cut from, and hold its file open for as long as the
+/// mount lives. With a keeper, neither the keeper nor the daemon it starts keeps it; the
+/// keeper's own descriptors reach the daemon as before (the mount serves).
+#[test]
+fn descriptors_the_daemon_inherits_are_closed_when_it_starts() {
+    for options in ["allow_other,nokeeper", "allow_other,keeper"] {
+        let (dir, remote, local, mnt) = fixture_trees();
+        let stray_path = dir.path().join("stray");
+        let stray = fs::File::create(&stray_path).unwrap();
+        const AT: [i32; 2] = [200, 1000];
+        let m = RawMount::start_with(&remote, &local, &mnt, &["-o", options], |cmd| {
+            for at in AT {
+                inherit_descriptor(cmd, &stray, at);
+            }
+        });
+        assert!(
+            fs::read_dir(mnt.join("overlay/RO")).unwrap().count() > 0,
+            "{options}: the mount serves the remote's layers"
+        );
+        let tree = process_tree(m.pid());
+        assert_eq!(
+            tree.len(),
+            if options.ends_with(",keeper") { 2 } else { 1 },
+            "{options}: the mount's processes {tree:?}"
+        );
+        for pid in tree {
+            let held: Vec<u64> = open_fds(pid)
+                .into_iter()
+                .filter(|fd| {
+                    fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|l| l == stray_path)
+                })
+                .collect();
+            assert!(
+                held.is_empty(),
+                "{options}: process {pid} of the mount still holds the inherited file as {held:?}"
+            );
+        }
     }
 }
 

@@ -386,10 +386,23 @@ impl RawMount {
         args: &[&str],
         nofile: Option<u64>,
     ) -> RawMount {
+        RawMount::start_with(remote, local, mnt, args, |cmd| {
+            if let Some(n) = nofile {
+                limit_open_files(cmd, n);
+            }
+        })
+    }
+
+    /// Like [`RawMount::start`], with the daemon's command prepared by `prepare` first.
+    pub fn start_with(
+        remote: &Path,
+        local: &Path,
+        mnt: &Path,
+        args: &[&str],
+        prepare: impl FnOnce(&mut Command),
+    ) -> RawMount {
         let mut cmd = Command::new(BIN);
-        if let Some(n) = nofile {
-            limit_open_files(&mut cmd, n);
-        }
+        prepare(&mut cmd);
         let child = cmd
             .arg("mount")
             .arg("--remote")

@@ -152,3 +152,40 @@ pub fn limit_open_files(cmd: &mut Command, n: u64) {
         });
     }
 }
+
+/// Runs `cmd` holding `file` as descriptor `at`, without close-on-exec: what a caller that
+/// forgot to close one (or means to share it, as make's jobserver does) hands a child.
+pub fn inherit_descriptor(cmd: &mut Command, file: &fs::File, at: i32) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let from = file.as_raw_fd();
+    // SAFETY: dup2 is async-signal-safe. The caller keeps `file` open until the command is
+    // spawned, so `from` is still its descriptor then.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(from, at) == at {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+/// `pid` and every process below it.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let mut tree = vec![pid];
+    let mut at = 0;
+    while at < tree.len() {
+        let p = tree[at];
+        let children =
+            fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        tree.extend(
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+        at += 1;
+    }
+    tree
+}
