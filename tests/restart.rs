@@ -153,6 +153,8 @@ fn fio(dir: PathBuf, stop: Arc<AtomicBool>) -> Seen {
                 "--verify=crc32c",
                 "--verify_fatal=1",
                 "--do_verify=1",
+                // No verify state file in the working directory: the job never resumes.
+                "--verify_state_save=0",
                 "--output-format=terse",
             ])
             .arg(format!("--filename={}", dir.join("fio.dat").display()))
