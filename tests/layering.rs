@@ -21,6 +21,7 @@ const LAYERS: &[&[&str]] = &[
         "expose",
         "launch",
         "daemon",
+        "inherited",
         "local_lock",
         "logging",
         "error",
