@@ -16,11 +16,15 @@ Subcommands:
                                fsync + close, after a full read so the source is cached); print ms.
                                A sparse PATH that is not sparse after the copy-up is a warning,
                                with --strict a failure. --trunc opens with O_TRUNC (a rewrite)
+  memprobe                     time the first touch of 32 MiB of fresh anonymous memory, page by
+                               page; print ms. What a copy-up's new pages cost at that moment
+                               (on a VM that hands free memory back to its host, this varies)
   settle                       wait until the machine is all but idle (after dropping caches)
   report RESULTS TARGETS...    print the Markdown result tables
 """
 
 import json
+import mmap
 import statistics
 import os
 import re
@@ -99,6 +103,19 @@ def cmd_mksparse(args):
             f.write(os.urandom(min(MIB, n - off)))
         f.flush()
         os.fsync(f.fileno())
+
+
+def cmd_memprobe(_args):
+    size = 32 * MIB
+    m = mmap.mmap(-1, size)
+    if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        m.madvise(mmap.MADV_NOHUGEPAGE)  # one fault per 4 KiB page, as page cache takes them
+    t = time.perf_counter()
+    for off in range(0, size, 4096):
+        m[off] = 1
+    dt = time.perf_counter() - t
+    m.close()
+    print("%.1f" % (dt * 1000))
 
 
 def cmd_fio(args):
@@ -475,7 +492,7 @@ def main():
         raise SystemExit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
     fn = {"settle": lambda _args: settle(), "bytes": cmd_bytes, "mkdata": cmd_mkdata, "fio": cmd_fio, "meta": cmd_meta,
-          "copyup": cmd_copyup, "mksparse": cmd_mksparse, "report": cmd_report, "requests": cmd_requests}.get(cmd)
+          "copyup": cmd_copyup, "mksparse": cmd_mksparse, "memprobe": cmd_memprobe, "report": cmd_report, "requests": cmd_requests}.get(cmd)
     if fn is None:
         raise SystemExit(__doc__)
     fn(args)

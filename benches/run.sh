@@ -391,11 +391,11 @@ bench_target() {
         copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/copyup.$i.bin") || die "$t: copy-up workload failed"; }
         counted "$t" copyup_ms copyup
         record "$t" copyup_ms "$ms"
-        log "$t copy-up $i: $ms ms"
+        log "$t copy-up $i: $ms ms (fresh memory: $(python3 "$BENCH_PY" memprobe) ms per 32 MiB)"
         copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/sparse.$i.bin" $strict) || die "$t: sparse copy-up failed"; }
         counted "$t" copyup_sparse_ms copyup
         record "$t" copyup_sparse_ms "$ms"
-        log "$t sparse copy-up $i: $ms ms"
+        log "$t sparse copy-up $i: $ms ms (fresh memory: $(python3 "$BENCH_PY" memprobe) ms per 32 MiB)"
     done
 
     rm -rf "$wdir"
