@@ -13,13 +13,14 @@ Subcommands:
                                comma-separated (their CPU time per operation); "-" for none
   copyup PATH [--strict] [--trunc]
                                time the first 1-byte write into PATH (open O_WRONLY + pwrite +
-                               fsync + close, after dropping caches and then a full read, so the
-                               source alone is cached); print ms.
+                               fsync + close, after a full read so the source is cached); print ms.
                                A sparse PATH that is not sparse after the copy-up is a warning,
                                with --strict a failure. --trunc opens with O_TRUNC (a rewrite)
   memprobe                     time the first touch of 32 MiB of fresh anonymous memory, page by
                                page; print ms. What a copy-up's new pages cost at that moment
                                (on a VM that hands free memory back to its host, this varies)
+  drop                         sync, drop page cache, dentries and inodes, then settle; fails
+                               (exit 1) where caches cannot be dropped (not root)
   settle                       wait until the machine is all but idle (after dropping caches)
   report RESULTS TARGETS...    print the Markdown result tables
 """
@@ -278,10 +279,6 @@ def cmd_copyup(args):
     trunc = os.O_TRUNC if "--trunc" in args[1:] else 0
     before = os.stat(path)
     sparse = before.st_blocks * 512 < before.st_size // 2
-    # Each sample starts from the same memory: what earlier samples left cached (a 1 GiB
-    # sparse file reads as 1 GiB of zeroed pages) made later copy-ups 1.5-5x slower, on
-    # every target alike.
-    drop_caches()
     with open(path, "rb") as f:  # read through the target: source cached, nothing dirty
         while f.read(4 * MIB):
             pass
@@ -496,7 +493,7 @@ def main():
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
-    fn = {"settle": lambda _args: settle(), "bytes": cmd_bytes, "mkdata": cmd_mkdata, "fio": cmd_fio, "meta": cmd_meta,
+    fn = {"settle": lambda _args: settle(), "drop": lambda _args: sys.exit(0 if drop_caches() else 1), "bytes": cmd_bytes, "mkdata": cmd_mkdata, "fio": cmd_fio, "meta": cmd_meta,
           "copyup": cmd_copyup, "mksparse": cmd_mksparse, "memprobe": cmd_memprobe, "report": cmd_report, "requests": cmd_requests}.get(cmd)
     if fn is None:
         raise SystemExit(__doc__)

@@ -56,6 +56,8 @@ for i in $(seq "$N"); do
     # time) falls on each target in turn.
     order=("${TARGETS[@]:i%3}" "${TARGETS[@]:0:i%3}")
     for t in "${order[@]}"; do
+        # Each copy-up starts from the same memory (see copyup_sample in run.sh).
+        python3 "$BENCH_PY" drop || die "cannot drop caches (needs root)"
         ms[$t]+="$(python3 "$BENCH_PY" copyup "$FS/$t/$REL/$t.$i" "${OPEN[@]}") "
     done
 done

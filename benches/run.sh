@@ -168,15 +168,13 @@ forget_mount() {
     MOUNTS=("${keep[@]+"${keep[@]}"}")
 }
 
+# The freeing and the FORGETs a drop sets off would share the CPUs with what comes next, so
+# bench.py waits for the machine to settle after it.
 drop_caches() {
-    sync
-    if ! echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
-        [ "$CACHES_DROPPED" = 0 ] || log "warning: cannot write /proc/sys/vm/drop_caches; 'first read' and 'cold stat' run with warm caches"
+    if ! python3 "$BENCH_PY" drop; then
+        [ "$CACHES_DROPPED" = 0 ] || log "warning: cannot write /proc/sys/vm/drop_caches; 'first read', 'cold stat' and copy-up run with warm caches"
         CACHES_DROPPED=0
-        return
     fi
-    # The freeing and the FORGETs the drop sets off would share the CPUs with the first read.
-    python3 "$BENCH_PY" settle
 }
 
 # ---------------------------------------------------------------- scratch filesystem
@@ -341,6 +339,21 @@ EOF
     log "$1 metadata: $2"
 }
 
+# copyup_sample TARGET KEY WHAT PATH [ARGS...]: one timed copy-up (bench.py copyup PATH
+# ARGS), recorded under KEY and logged with what fresh memory cost right after it. Caches
+# are dropped first, outside the requests counted: what earlier samples left cached (a 1 GiB
+# sparse file reads as 1 GiB of zeroed pages) made later copy-ups up to 5x slower, on every
+# target alike.
+copyup_sample() {
+    local t=$1 key=$2 what=$3 ms
+    shift 3
+    drop_caches
+    copyup() { ms=$(python3 "$BENCH_PY" copyup "$@") || die "$t: $what failed"; }
+    counted "$t" "$key" copyup "$@"
+    record "$t" "$key" "$ms"
+    log "$t $what: $ms ms (fresh memory: $(python3 "$BENCH_PY" memprobe) ms per 32 MiB)"
+}
+
 bench_target() {
     local t=$1 root wdir rfile meta
     log "== $t"
@@ -385,17 +398,11 @@ bench_target() {
     # copy-up: first 1-byte write into a 64 MiB file of the lower/remote, then the same into
     # a 1 GiB sparse file (16 MiB of data): layerfs must keep the holes (others that fill
     # them get a warning in the log)
-    local ms i strict=
+    local i strict=
     case "$t" in layerfs*) strict=--strict ;; esac
     for i in $(seq "$COPYUP_SAMPLES"); do
-        copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/copyup.$i.bin") || die "$t: copy-up workload failed"; }
-        counted "$t" copyup_ms copyup
-        record "$t" copyup_ms "$ms"
-        log "$t copy-up $i: $ms ms (fresh memory: $(python3 "$BENCH_PY" memprobe) ms per 32 MiB)"
-        copyup() { ms=$(python3 "$BENCH_PY" copyup "$root/$REL/sparse.$i.bin" $strict) || die "$t: sparse copy-up failed"; }
-        counted "$t" copyup_sparse_ms copyup
-        record "$t" copyup_sparse_ms "$ms"
-        log "$t sparse copy-up $i: $ms ms (fresh memory: $(python3 "$BENCH_PY" memprobe) ms per 32 MiB)"
+        copyup_sample "$t" copyup_ms "copy-up $i" "$root/$REL/copyup.$i.bin"
+        copyup_sample "$t" copyup_sparse_ms "sparse copy-up $i" "$root/$REL/sparse.$i.bin" $strict
     done
 
     rm -rf "$wdir"
@@ -446,7 +453,7 @@ mem_gib=$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
     want fuse-overlayfs && echo "- fuse-overlayfs: $(fuse-overlayfs --version 2>/dev/null | sed -n 's/^fuse-overlayfs: *//p' | head -n1)"
     want layerfs && echo "- layerfs: $("$LAYERFS" --version 2>/dev/null | head -n1 || echo unknown)"
     echo "- SIZE=$SIZE RUNTIME=$RUNTIME FILES=$FILES REPEAT=$REPEAT WARMUP=$WARMUP META_CPU=${META_CPU:-highest} TARGETS=\"${TARGET_LIST[*]}\"; ioengine=psync, direct=0, 1 job"
-    [ "$CACHES_DROPPED" = 1 ] || echo "- WARNING: caches could not be dropped: 'first read' and 'cold stat' were warm"
+    [ "$CACHES_DROPPED" = 1 ] || echo "- WARNING: caches could not be dropped: 'first read', 'cold stat' and copy-up were warm"
     echo "- wall time: ${ELAPSED}s"
     echo
     python3 "$BENCH_PY" report "$RESULTS" "${TARGET_LIST[@]}"
