@@ -256,11 +256,14 @@ pub fn sha256_hex(data: &[u8]) -> String {
     format!("{:x}", Sha256::digest(data))
 }
 
-/// A remote layer as a writer host lays it out (DESIGN §4.1).
+/// A remote layer as a writer host lays it out (DESIGN §4.1), named as iSulad names it: a
+/// base layer by its diff ID, every further one `sha256(parent + "+" + diffID)`.
 #[derive(Debug, Clone)]
 pub struct Layer {
     pub label: String,
     pub id: String,
+    /// The digest of the layer's uncompressed diff (`diff-digest`).
+    pub diff_id: String,
     pub short: String,
     pub parent: Option<String>,
     /// `lower`: the ancestors' short ids, nearest first; empty for a base layer.
@@ -275,9 +278,11 @@ pub fn short_of(seed: &str) -> String {
 
 impl Layer {
     pub fn base(label: &str) -> Layer {
+        let diff_id = sha256_hex(format!("scenario-layer:{label}").as_bytes());
         Layer {
             label: label.to_owned(),
-            id: sha256_hex(format!("scenario-layer:{label}").as_bytes()),
+            id: diff_id.clone(),
+            diff_id,
             short: short_of(label),
             parent: None,
             lower: Vec::new(),
@@ -291,10 +296,12 @@ impl Layer {
     pub fn child(label: &str, parent: &Layer) -> Layer {
         let mut lower = vec![parent.short.clone()];
         lower.extend(parent.lower.iter().cloned());
+        let base = Layer::base(label);
         Layer {
+            id: sha256_hex(format!("{}+{}", parent.id, base.diff_id).as_bytes()),
             parent: Some(parent.id.clone()),
             lower,
-            ..Layer::base(label)
+            ..base
         }
     }
 
@@ -385,7 +392,7 @@ impl Layer {
             "created": "2026-01-01T00:00:00.000000000Z",
             "compressed-diff-digest": format!("sha256:{}", sha256_hex(self.label.as_bytes())),
             "compressed-size": 1234,
-            "diff-digest": format!("sha256:{}", self.id),
+            "diff-digest": format!("sha256:{}", self.diff_id),
             "incompelte": incomplete,
         });
         if let Some(parent) = &self.parent {
@@ -515,7 +522,7 @@ impl Image {
             "architecture": "amd64",
             "os": "linux",
             "config": {"Labels": {"scenario": label}},
-            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", top.id)]},
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", top.diff_id)]},
         }))
         .unwrap();
         let id = sha256_hex(&config);
