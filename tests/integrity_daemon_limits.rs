@@ -562,12 +562,7 @@ fn descriptors_the_daemon_inherits_are_closed_when_it_starts() {
             "{options}: the mount's processes {tree:?}"
         );
         for pid in tree {
-            let held: Vec<u64> = open_fds(pid)
-                .into_iter()
-                .filter(|fd| {
-                    fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|l| l == stray_path)
-                })
-                .collect();
+            let held = descriptors_on(pid, &stray_path);
             assert!(
                 held.is_empty(),
                 "{options}: process {pid} of the mount still holds the inherited file as {held:?}"

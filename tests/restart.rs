@@ -17,7 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::isulad::{concat, sha256_hex, writer, Image, Layer};
 use common::*;
+
+common::isulad::writer_host_entry!();
 
 /// How many times the daemon is killed.
 const KILLS: usize = 10;
@@ -60,6 +63,32 @@ fn daemon_pid(m: &Mount) -> Option<u32> {
     let out = cli(&["status", "--json"], &m.mnt);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     status["daemon_pid"].as_u64().map(|p| p as u32)
+}
+
+/// Kills the daemon `pid` with SIGKILL, as a crash would, and waits for the one the keeper
+/// starts next: its pid, and how long after the kill it served.
+fn kill_and_await(m: &Mount, pid: u32, kill: usize) -> (u32, Duration) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the daemon");
+    let killed = Instant::now();
+    eventually(20, &format!("a new daemon after kill {kill}"), || {
+        daemon_pid(m).is_some_and(|p| p != pid)
+    });
+    (daemon_pid(m).unwrap(), killed.elapsed())
+}
+
+/// `layerfs upgrade` of the mount, which must succeed; what it printed.
+fn upgrade(m: &Mount) -> String {
+    let upgraded = cli(&["upgrade"], &m.mnt);
+    assert!(
+        upgraded.status.success(),
+        "upgrade: {}",
+        String::from_utf8_lossy(&upgraded.stderr)
+    );
+    String::from_utf8_lossy(&upgraded.stdout).into_owned()
 }
 
 /// A directory of the fixture's shared layers with a regular file to read, and that file.
@@ -233,27 +262,13 @@ fn workloads_in_an_overlay_on_the_view_outlive_ten_kills_and_an_upgrade() {
     let mut back_in = Vec::new();
     for kill in 1..=KILLS {
         std::thread::sleep(Duration::from_millis(random_ms(200, 900)));
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .expect("kill the daemon");
-        let killed = Instant::now();
-        eventually(20, &format!("a new daemon after kill {kill}"), || {
-            daemon_pid(&m).is_some_and(|p| p != pid)
-        });
-        back_in.push(killed.elapsed());
-        pid = daemon_pid(&m).unwrap();
+        let took;
+        (pid, took) = kill_and_await(&m, pid, kill);
+        back_in.push(took);
     }
     // Then a planned hand-over to the binary on disk, under the same load.
     std::thread::sleep(Duration::from_millis(300));
-    let upgraded = cli(&["upgrade"], &m.mnt);
-    assert!(
-        upgraded.status.success(),
-        "upgrade: {}",
-        String::from_utf8_lossy(&upgraded.stderr)
-    );
-    eprint!("{}", String::from_utf8_lossy(&upgraded.stdout));
+    eprint!("{}", upgrade(&m));
     let after = status(&m);
     assert_ne!(daemon_pid(&m), Some(pid), "another daemon serves");
     let gap = after["keeper"]["gap_ms"]
@@ -361,4 +376,130 @@ fn a_killed_keeper_leaves_a_dead_mount() {
         names(&m.mnt),
         vec!["overlay", "overlay-images", "overlay-layers"]
     );
+}
+
+/// Appends numbered records to `file`, each written whole and synced, until told to stop;
+/// how many it wrote, with what failed.
+fn append_records(file: PathBuf, stop: Arc<AtomicBool>) -> (Seen, u64) {
+    let mut seen = Seen::default();
+    let mut written = 0u64;
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .unwrap();
+    while !stop.load(Ordering::Relaxed) {
+        let record = format!("record {written}\n");
+        if seen
+            .timed("append and sync", || {
+                f.write_all(record.as_bytes())?;
+                f.sync_data()
+            })
+            .is_some()
+        {
+            written += 1;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (seen, written)
+}
+
+/// A descriptor the caller leaked into the mount (open without close-on-exec, numbered far
+/// above any the daemon would use) is closed by the keeper and reaches no daemon it starts:
+/// not the first, not those started after a kill, not the binary an upgrade hands over to.
+/// All the while a writer host has published a chain named as iSulad names it, a reader
+/// reads its top layer through the view, and a writer appends synced records to a file on
+/// the view: nothing either sees fails, and every record is there, in order.
+#[test]
+fn a_leaked_descriptor_reaches_no_daemon_through_kills_and_an_upgrade() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let leak_dir = tempfile::tempdir().unwrap();
+    let leak_path = leak_dir.path().join("leaked");
+    let file = fs::File::create(&leak_path).unwrap();
+    // SAFETY: F_DUPFD makes a new descriptor (without close-on-exec), owned here from now on.
+    let leaked = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD, 900) };
+    assert!(
+        leaked >= 900,
+        "F_DUPFD: {}",
+        std::io::Error::last_os_error()
+    );
+    let _leaked = unsafe { OwnedFd::from_raw_fd(leaked) };
+
+    let mut m = Mount::with(
+        Options {
+            opts: "keeper,refresh=0".into(),
+            ..Options::default()
+        },
+        |_| {},
+    );
+    let [a, b, c] = Layer::chain(["leak-a", "leak-b", "leak-c"]);
+    assert_eq!(a.id, a.diff_id, "a base layer is named by its diff ID");
+    assert_eq!(
+        c.id,
+        sha256_hex(format!("{}+{}", b.id, c.diff_id).as_bytes()),
+        "a child is named sha256(parent + \"+\" + diffID)"
+    );
+    let image = Image::on("leak-img", &c, &["registry.example/leak:1"]);
+    writer(
+        &mut m,
+        concat([a.create(), b.create(), c.create(), image.create()]),
+    );
+    assert!(cli(&["refresh"], &m.mnt).status.success());
+    let top = m.path("overlay/RO").join(&c.id).join("diff/hello");
+    let expected = fs::read(&top).expect("the new top layer through the view");
+    assert_eq!(expected, b"hello from layer leak-c\n");
+
+    let keeper = status(&m)["keeper"]["pid"]
+        .as_u64()
+        .expect("status names the keeper") as u32;
+    let check = |when: &str| {
+        let daemon = daemon_pid(&m).expect("status names the daemon");
+        for (who, pid) in [("keeper", keeper), ("daemon", daemon)] {
+            let held = descriptors_on(pid, &leak_path);
+            assert!(
+                held.is_empty(),
+                "{when}: the {who} holds the leaked file as {held:?}"
+            );
+        }
+        daemon
+    };
+    let mut daemon = check("first start");
+
+    fs::create_dir(m.path("rw")).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let appender = {
+        let (file, stop) = (m.path("rw/records"), stop.clone());
+        std::thread::spawn(move || append_records(file, stop))
+    };
+    let reader = {
+        let (file, stop) = (top.clone(), stop.clone());
+        std::thread::spawn(move || read_shared(file, expected, stop))
+    };
+    for kill in 1..=2 {
+        std::thread::sleep(Duration::from_millis(300));
+        kill_and_await(&m, daemon, kill);
+        daemon = check(&format!("after kill {kill}"));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    upgrade(&m);
+    assert_ne!(check("after the upgrade"), daemon, "another daemon serves");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+
+    let (appended, written) = appender.join().expect("the appender panicked");
+    let read = reader.join().expect("the reader panicked");
+    assert!(
+        appended.errors.is_empty() && read.errors.is_empty(),
+        "appender: {:?}; reader: {:?}",
+        appended.errors,
+        read.errors
+    );
+    let records: String = (0..written).map(|n| format!("record {n}\n")).collect();
+    assert!(written > 0, "the appender wrote nothing");
+    assert_eq!(
+        fs::read_to_string(m.path("rw/records")).unwrap(),
+        records,
+        "the records on the view"
+    );
+    m.unmount();
 }

@@ -189,3 +189,13 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
     }
     tree
 }
+
+/// The descriptors of `pid` open on `path`.
+pub fn descriptors_on(pid: u32, path: &Path) -> Vec<u32> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|fd| fs::read_link(fd.path()).is_ok_and(|l| l == path))
+        .filter_map(|fd| fd.file_name().to_str()?.parse().ok())
+        .collect()
+}
