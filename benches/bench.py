@@ -135,6 +135,10 @@ def cmd_fio(args):
     print("%.3f %.1f" % (bw / MIB, side["iops"]))
 
 
+# Requests nobody waits for: the kernel sends them and expects no reply.
+NO_REPLY = ("forget", "batch_forget")
+
+
 def requests(source):
     """FUSE requests served so far: by opcode from a layerfs metrics endpoint (an http URL),
     or in all from a stats file `uring-probe serve --stats` keeps ({} without a source)."""
@@ -383,7 +387,7 @@ def meta_table(runs, res, reqs, cpus, targets):
             us = 1e6 / rate
             counts = json.loads(reqs[(t, key)][-1]) if (t, key) in reqs else None
             asked = "n/a" if counts is None else "%.2f" % sum(
-                v for op, v in counts.items() if op != "forget")
+                v for op, v in counts.items() if op not in NO_REPLY)
             cpu = cpus.get((t, key))
             cpu = "n/a" if not cpu else "%.1f" % statistics.median(cpu)
             v = runs.get((t, key), [])

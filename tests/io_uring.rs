@@ -249,3 +249,84 @@ fn a_kept_mount_stays_on_dev_fuse() {
         "layerfs status says:\n{text}"
     );
 }
+
+/// The daemon's open descriptors, and those of them that name a deleted file.
+fn descriptors(pid: u32) -> (usize, Vec<String>) {
+    let targets: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter_map(|fd| fs::read_link(fd.path()).ok())
+                .map(|target| target.to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let deleted = targets
+        .iter()
+        .filter(|t| t.ends_with(" (deleted)"))
+        .cloned()
+        .collect();
+    (targets.len(), deleted)
+}
+
+/// Over the ring, the /dev/fuse readers pause after a FORGET so that the next ones come
+/// together, as one BATCH_FORGET. However they come, every FORGET must arrive and be served
+/// in full: the nodes go with their descriptors, and a deleted file's space with its node.
+/// Dropping the kernel's caches sends thousands at once; unlinks from several threads send
+/// them as they go.
+#[test]
+fn over_the_ring_every_forget_arrives_alone_or_batched() {
+    let Some(_offered) = RingOffered::turn_on() else {
+        return missing_capability("io_uring", "the kernel has no FUSE over io_uring");
+    };
+    let m = Mount::with(
+        Options {
+            opts: "io_uring".into(),
+            ..Options::default()
+        },
+        |_| {},
+    );
+    let pid = m.daemon_pid().expect("foreground daemon");
+    eventually(10, "one ring queue per possible CPU", || {
+        switches(pid, "fuse-ring-").0 == possible_cpus()
+    });
+    let work = m.path("overlay/forgets");
+    fs::create_dir(&work).unwrap();
+    let (baseline, _) = descriptors(pid);
+    const FILES: usize = 2000;
+    const SLACK: usize = 64;
+    for i in 0..FILES {
+        fs::write(work.join(format!("f{i}")), bytes(i as u64, 4096)).unwrap();
+    }
+    let (held, _) = descriptors(pid);
+    assert!(
+        held >= baseline + FILES,
+        "{held} descriptors for {FILES} new nodes over {baseline}"
+    );
+
+    drop_caches();
+    eventually(20, "the nodes of the dropped names forgotten", || {
+        descriptors(pid).0 <= baseline + SLACK
+    });
+
+    let unlinkers: Vec<_> = (0..4)
+        .map(|t| {
+            let work = work.clone();
+            std::thread::spawn(move || {
+                for i in (t..FILES).step_by(4) {
+                    let path = work.join(format!("f{i}"));
+                    assert_eq!(fs::read(&path).unwrap(), bytes(i as u64, 4096), "{path:?}");
+                    fs::remove_file(&path).unwrap();
+                }
+            })
+        })
+        .collect();
+    for unlinker in unlinkers {
+        unlinker.join().unwrap();
+    }
+    eventually(20, "no node of a deleted file left in the daemon", || {
+        let (count, deleted) = descriptors(pid);
+        deleted.is_empty() && count <= baseline + SLACK
+    });
+    assert!(names(&work).is_empty());
+    fs::remove_dir(&work).unwrap();
+}

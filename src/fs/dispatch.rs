@@ -8,13 +8,13 @@
 use std::borrow::Borrow;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, INodeNo, IoctlFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, ForgetOne, INodeNo,
+    IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
@@ -32,6 +32,9 @@ use crate::view::{Layer, View};
 pub(crate) const SYNC_THREADS: usize = 8;
 /// How many requests may wait for descriptors at once without holding a FUSE thread.
 pub(crate) const CROWD_THREADS: usize = 8;
+/// How long a /dev/fuse reader pauses after a FORGET while the ring serves every other
+/// request (see [`LayerFs::let_forgets_gather`]).
+const FORGETS_GATHER: Duration = Duration::from_millis(1);
 
 pub struct LayerFs {
     core: Arc<Core>,
@@ -88,6 +91,20 @@ impl LayerFs {
 
     pub fn view(&self) -> &Arc<View> {
         self.core.view()
+    }
+
+    /// Over the ring, /dev/fuse brings only FORGETs and INTERRUPTs. A reader waiting there
+    /// is woken for every FORGET: each unlink wakes a thread on another CPU, from within the
+    /// caller's system call, and that thread then runs beside the next unlink. A reader that
+    /// pauses after a FORGET lets the kernel queue the next ones, and its next read takes
+    /// them all as one BATCH_FORGET (`benches/README.md` has what it saves). Nothing waits
+    /// for a FORGET; an INTERRUPT waits at most one pause. Until the queues have registered,
+    /// the readers serve every request: a FORGET in that moment holds one of them back for
+    /// one pause.
+    fn let_forgets_gather(&self) {
+        if self.core.ring.load(Ordering::Relaxed) {
+            std::thread::sleep(FORGETS_GATHER);
+        }
     }
 
     /// Set at `init` if the kernel took FUSE over io_uring.
@@ -237,6 +254,16 @@ impl Filesystem for LayerFs {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.here("forget", |core| core.forget(ino, nlookup));
+        self.let_forgets_gather();
+    }
+
+    fn batch_forget(&self, _req: &Request, nodes: &[ForgetOne]) {
+        self.here("batch_forget", |core| {
+            for node in nodes {
+                core.forget(node.nodeid(), node.nlookup());
+            }
+        });
+        self.let_forgets_gather();
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

@@ -18,18 +18,20 @@ use server::{Config, Server, Transport, UringParam};
 const USAGE: &str = "\
 usage:
   uring-probe bench [--rounds N] [--stat-n N] [--files N] [--timeout SECS]
-                    [--transports LIST] [--depth N] [--defer-taskrun]
+                    [--transports LIST] [--depth N] [--defer-taskrun] [--forget-pause SECS]
       Mounts the server in a temporary directory for each transport and round (interleaved),
       runs the round-trip and metadata workloads, unmounts, and prints a Markdown report.
       LIST is comma-separated from dev1, dev2 (classic loop with 1 or 2 threads) and uring;
       default dev1,dev2,uring.
   uring-probe serve MOUNTPOINT [--transport dev|uring] [--threads N] [--depth N] [--stats FILE]
-                    [--defer-taskrun] [--timeout SECS]
+                    [--defer-taskrun] [--forget-pause SECS] [--timeout SECS]
       Serves an empty flat directory at MOUNTPOINT until unmounted or signalled. With
       --stats, FILE holds the requests served so far (JSON), rewritten every 20 ms.
 
 defaults: --rounds 3 --stat-n 200000 --files 10000 --timeout 1 (entry and attribute
-lifetime, as layerfs) --depth 8 (ring entries per CPU queue) --threads 1.
+lifetime, as layerfs) --depth 8 (ring entries per CPU queue) --threads 1 --forget-pause 0.001
+(over io_uring, the /dev/fuse thread's pause after a FORGET, so that the next ones come
+together, as layerfs's readers pause; 0 reads each as it comes).
 Needs root. io_uring modes switch the fuse module parameter enable_uring on and restore it.";
 
 struct Args(Vec<String>);
@@ -68,9 +70,11 @@ fn run() -> Result<(), String> {
     let depth: usize = a.value("--depth", 8)?;
     let defer_taskrun = a.flag("--defer-taskrun");
     let ttl = secs(a.value("--timeout", 1.0)?)?;
+    let forget_pause = secs(a.value("--forget-pause", 0.001)?)?;
     let uring = Transport::Uring {
         depth: depth.max(1),
         defer_taskrun,
+        forget_pause,
     };
     match cmd.as_str() {
         "bench" => {

@@ -26,8 +26,14 @@ const DEV_BUF: usize = MAX_WRITE as usize + 4096;
 pub enum Transport {
     /// `threads` threads each doing read(/dev/fuse) -> handle -> write(/dev/fuse).
     Dev { threads: usize },
-    /// One io_uring per possible CPU with `depth` registered ring entries each.
-    Uring { depth: usize, defer_taskrun: bool },
+    /// One io_uring per possible CPU with `depth` registered ring entries each; the
+    /// /dev/fuse thread, which then reads only FORGETs and INTERRUPTs, pauses
+    /// `forget_pause` after each FORGET so that the next ones come together (as layerfs's do).
+    Uring {
+        depth: usize,
+        defer_taskrun: bool,
+        forget_pause: Duration,
+    },
 }
 
 impl std::fmt::Display for Transport {
@@ -37,14 +43,16 @@ impl std::fmt::Display for Transport {
             Transport::Uring {
                 depth,
                 defer_taskrun,
+                forget_pause,
             } => write!(
                 f,
-                "uring (depth {depth}{})",
+                "uring (depth {depth}{}, FORGETs gathered for {} µs)",
                 if *defer_taskrun {
                     ", defer-taskrun"
                 } else {
                     ""
-                }
+                },
+                forget_pause.as_micros()
             ),
         }
     }
@@ -250,20 +258,21 @@ impl Server {
             ));
         }
         let fs = Arc::new(Fs::new(cfg.entry_ttl, cfg.attr_ttl));
-        let dev_threads = match cfg.transport {
-            Transport::Dev { threads } => threads.max(1),
+        let (dev_threads, forget_pause) = match cfg.transport {
+            Transport::Dev { threads } => (threads.max(1), Duration::ZERO),
             // FORGETs still come through /dev/fuse.
-            Transport::Uring { .. } => 1,
+            Transport::Uring { forget_pause, .. } => (1, forget_pause),
         };
         for i in 0..dev_threads {
             let (dev, fs, stats) = (dev.clone(), fs.clone(), stats.clone());
             server.spawn(format!("fuse-dev-{i}"), move || {
-                dev_loop(dev.as_raw_fd(), &fs, &stats)
+                dev_loop(dev.as_raw_fd(), &fs, &stats, forget_pause)
             })?;
         }
         if let Transport::Uring {
             depth,
             defer_taskrun,
+            ..
         } = cfg.transport
         {
             let payload = ring::payload_size(MAX_WRITE, MAX_PAGES);
@@ -431,8 +440,9 @@ fn dev_write(fd: RawFd, b: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// read(/dev/fuse) -> handle -> write(/dev/fuse) until the connection goes away.
-fn dev_loop(fd: RawFd, fs: &Fs, stats: &Stats) -> Result<(), String> {
+/// read(/dev/fuse) -> handle -> write(/dev/fuse) until the connection goes away; a pause of
+/// `forget_pause` after each FORGET.
+fn dev_loop(fd: RawFd, fs: &Fs, stats: &Stats, forget_pause: Duration) -> Result<(), String> {
     let mut buf = vec![0u8; DEV_BUF];
     let mut out = vec![0u8; DEV_BUF];
     loop {
@@ -467,6 +477,9 @@ fn dev_loop(fd: RawFd, fs: &Fs, stats: &Stats) -> Result<(), String> {
         let len = match reply {
             Reply::None => {
                 stats.forgets.fetch_add(1, Ordering::Relaxed);
+                if h.opcode != FUSE_INTERRUPT && !forget_pause.is_zero() {
+                    std::thread::sleep(forget_pause);
+                }
                 continue;
             }
             Reply::Ok(len) => {
