@@ -12,6 +12,7 @@
 
 pub mod attr;
 pub mod backing;
+mod cpus;
 mod dispatch;
 
 pub use dispatch::LayerFs;

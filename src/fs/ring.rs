@@ -404,16 +404,6 @@ fn push(ring: &mut Ring, sqe: &squeue::Entry128) -> io::Result<()> {
     }
 }
 
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; sched_setaffinity only reads it. Best effort: an
-    // unpinned queue still works, the kernel picks queues by the caller's CPU only.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
 /// One queue's thread: registers its entries, then serves until the connection is gone.
 fn serve_queue<FS: Filesystem>(
     queue: &Arc<Queue>,
@@ -423,7 +413,8 @@ fn serve_queue<FS: Filesystem>(
     settings: Settings,
     ready: &mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
-    pin_to_cpu(usize::from(qid));
+    // An unpinned queue still works: the kernel picks a queue by its caller's CPU only.
+    super::cpus::pin(usize::from(qid));
     SERVING.with(|s| s.set(Arc::as_ptr(queue)));
     let started = QueueRing::start(queue, qid, device, settings);
     let (mut ring, completions) = match started {
