@@ -25,7 +25,7 @@ TRUNC=${TRUNC:-0}
 IMG=${IMG:-10G}
 SCRATCH=${SCRATCH:-/dev/shm/layerfs-ab}
 # A ready layer of the fixture; its diff/ is shared by the view.
-REL=overlay/RO/333f8831e3435930b5699467fad059661a5de8499f959caad268f212db4e8745/diff/copyup
+REL=overlay/RO/ab6e04a0c2e0d4da3c83f5f711fd456cf6a726e0fa999e8aa2ae7edaf3384909/diff/copyup
 
 die() { printf 'copyup_ab: %s\n' "$*" >&2; exit 1; }
 # shellcheck source=benches/common.sh

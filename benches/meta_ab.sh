@@ -24,7 +24,7 @@ LAYER_FILES=${LAYER_FILES:-6000}
 IMG=${IMG:-8G}
 SCRATCH=${SCRATCH:-/dev/shm/layerfs-ab}
 # A ready layer of the fixture; the view serves its diff/ from the remote.
-REL=overlay/RO/333f8831e3435930b5699467fad059661a5de8499f959caad268f212db4e8745/diff/many
+REL=overlay/RO/ab6e04a0c2e0d4da3c83f5f711fd456cf6a726e0fa999e8aa2ae7edaf3384909/diff/many
 
 die() { printf 'meta_ab: %s\n' "$*" >&2; exit 1; }
 # shellcheck source=benches/common.sh

@@ -42,7 +42,7 @@ COPYUP_SIZE=$((64 * 1024 * 1024))
 SPARSE_SIZE=$((1024 * 1024 * 1024))
 
 # The ready layer whose diff/ holds the read-side data (L4 of the fixture, see fixtures/README.md).
-DATA_LAYER=333f8831e3435930b5699467fad059661a5de8499f959caad268f212db4e8745
+DATA_LAYER=ab6e04a0c2e0d4da3c83f5f711fd456cf6a726e0fa999e8aa2ae7edaf3384909
 REL="overlay/RO/$DATA_LAYER/diff/bench"
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
