@@ -199,9 +199,9 @@ fn a_very_deep_remote_tree_neither_kills_the_daemon_nor_fails_uncleanly() {
 
 /// The descriptor numbers `pid` uses.
 fn open_fds(pid: u32) -> std::collections::BTreeSet<u64> {
-    fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+    descriptor_targets(pid)
+        .into_iter()
+        .map(|(fd, _)| u64::from(fd))
         .collect()
 }
 

@@ -251,19 +251,12 @@ fn a_kept_mount_stays_on_dev_fuse() {
 }
 
 /// The daemon's open descriptors, and those of them that name a deleted file.
-fn descriptors(pid: u32) -> (usize, Vec<String>) {
-    let targets: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|fds| {
-            fds.flatten()
-                .filter_map(|fd| fs::read_link(fd.path()).ok())
-                .map(|target| target.to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+fn descriptors(pid: u32) -> (usize, Vec<PathBuf>) {
+    let targets = descriptor_targets(pid);
     let deleted = targets
         .iter()
-        .filter(|t| t.ends_with(" (deleted)"))
-        .cloned()
+        .filter(|(_, t)| t.to_string_lossy().ends_with(" (deleted)"))
+        .map(|(_, t)| t.clone())
         .collect();
     (targets.len(), deleted)
 }

@@ -2,7 +2,7 @@
 //! daemon's descendants, and the limit on what a process may open.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use super::{Mount, BIN};
@@ -190,12 +190,25 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
     tree
 }
 
+/// The descriptors `pid` holds, with what each points at (a path, `pipe:[…]`, a deleted
+/// file's path with ` (deleted)`); none if the process is gone.
+pub fn descriptor_targets(pid: u32) -> Vec<(u32, PathBuf)> {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| {
+            let number = fd.file_name().to_str()?.parse().ok()?;
+            Some((number, fs::read_link(fd.path()).ok()?))
+        })
+        .collect()
+}
+
 /// The descriptors of `pid` open on `path`.
 pub fn descriptors_on(pid: u32, path: &Path) -> Vec<u32> {
-    fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .filter(|fd| fs::read_link(fd.path()).is_ok_and(|l| l == path))
-        .filter_map(|fd| fd.file_name().to_str()?.parse().ok())
+    descriptor_targets(pid)
+        .into_iter()
+        .filter(|(_, target)| target == path)
+        .map(|(fd, _)| fd)
         .collect()
 }
