@@ -311,6 +311,48 @@ fn whiteouts_prepared_in_local_hide_remote_entries() {
     assert_eq!(names(&d.join("usr")), vec!["lib", "share"]);
 }
 
+/// In a directory nothing below merges with (one only local holds, an opaque one), a new
+/// entry is made without asking local first; a whiteout left under its name is replaced,
+/// whatever the entry's kind.
+#[test]
+fn names_whiteouts_hold_in_directories_only_local_has_are_made_again() {
+    let m = Mount::with(Options::default(), |remote| {
+        let diff = diff_in(&local_beside(remote), "L1");
+        let solo = diff.join("solo");
+        fs::create_dir_all(&solo).unwrap();
+        for name in ["f", "d", "l", "p"] {
+            mknod(&solo.join(name), SFlag::S_IFCHR, 0, 0);
+        }
+        let share = diff.join("usr/share");
+        fs::create_dir_all(&share).unwrap();
+        xattr_set(&share, "trusted.overlay.opaque", b"y").unwrap();
+        mknod(&share.join("gone"), SFlag::S_IFCHR, 0, 0);
+    });
+    let d = m.diff("L1");
+    let solo = d.join("solo");
+    assert_eq!(names(&solo), Vec::<String>::new(), "whiteouts list nothing");
+
+    fs::write(solo.join("f"), "file\n").unwrap();
+    fs::create_dir(solo.join("d")).unwrap();
+    std::os::unix::fs::symlink("f", solo.join("l")).unwrap();
+    mkfifo(&solo.join("p"));
+    fs::write(d.join("usr/share/gone"), "back\n").unwrap();
+    // A name free in local is made at once, beside them.
+    fs::write(solo.join("new"), "new\n").unwrap();
+
+    assert_eq!(names(&solo), vec!["d", "f", "l", "new", "p"]);
+    assert_eq!(fs::read(solo.join("l")).unwrap(), b"file\n");
+    assert_eq!(fs::read(d.join("usr/share/gone")).unwrap(), b"back\n");
+    let local = m.local_diff("L1");
+    let kind = |rel: &str| fs::symlink_metadata(local.join(rel)).unwrap().file_type();
+    assert!(kind("solo/f").is_file());
+    assert!(kind("solo/d").is_dir());
+    assert!(kind("solo/l").is_symlink());
+    assert!(kind("solo/p").is_fifo());
+    assert!(kind("usr/share/gone").is_file());
+    assert_no_temp_names(&local);
+}
+
 // ---- the synthesized layout as a writable tree ----
 
 #[test]

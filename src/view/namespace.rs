@@ -19,7 +19,7 @@ use nix::unistd::{Gid, Uid};
 use super::copyup::Room;
 use super::lookup::{resolve_local, InLocal};
 use super::names::temp_name;
-use super::node::{Layer, Node};
+use super::node::{DirFds, Layer, Node};
 use super::{marker, names, view_name, Caller, Entry, Found, IndexOnce, Probe, Stat, View};
 use crate::quota::{Accounting, Allocated, Charge, Gone, Need};
 use crate::store::{self, creds, Kind};
@@ -414,9 +414,10 @@ impl View {
 
     /// Makes the new entry `name` in the directory `parent` with `make`, which creates the
     /// object under the name it is given, in the local directory it is given, and removes
-    /// it again if it fails half-way. Where a whiteout holds the name (or `via_temp` asks
-    /// for it), the object is made under a temporary name and then takes its place in one
-    /// rename (see [`names`]). Returns the entry handed to the kernel and what `make` made.
+    /// it again if it fails half-way (it fails with `EEXIST`, making nothing, where the name
+    /// is taken). Where a whiteout holds the name (or `via_temp` asks for it), the object is
+    /// made under a temporary name and then takes its place in one rename (see [`names`]).
+    /// Returns the entry handed to the kernel and what `make` made.
     ///
     /// A call that fails leaves no new name behind, since the caller is told nothing was
     /// made: the object is pinned before it takes its name, and if it cannot be entered
@@ -428,32 +429,15 @@ impl View {
         name: &OsStr,
         kind: Kind,
         via_temp: bool,
-        make: impl FnOnce(BorrowedFd<'_>, &CStr) -> Result<T, Errno>,
+        make: impl Fn(BorrowedFd<'_>, &CStr) -> Result<T, Errno>,
     ) -> Result<(Entry, T), Errno> {
         if marker::is_reserved_name(name.as_bytes()) {
             return Err(Errno::EPERM);
         }
         let c = view_name(name)?;
         let index = IndexOnce::of(self);
-        // One probe of local tells both whether the name is taken and whether the new
-        // entry replaces a whiteout: the kernel holds `parent` locked, so neither changes
-        // before the entry is made.
-        let fds = parent.dir_fds();
-        let whiteout = match resolve_local(parent, &fds, &c, Probe::Stat)? {
-            InLocal::Object(..) => return Err(Errno::EEXIST),
-            InLocal::Whiteout => true,
-            InLocal::Nothing => {
-                match self.resolve_below(parent, &fds, name, &c, &index, Probe::Stat) {
-                    Ok(_) => return Err(Errno::EEXIST),
-                    Err(Errno::ENOENT) => false,
-                    Err(e) => return Err(e),
-                }
-            }
-        };
-        let dir = self.ensure_local_dir(parent)?;
-        let dir = dir.as_fd();
         let is_dir = kind == Kind::Dir;
-        let made_pinned = |at: &CStr| {
+        let made_pinned = |dir: BorrowedFd<'_>, at: &CStr| {
             let made = make(dir, at)?;
             match store::open_path_at(dir, at) {
                 Ok(pin) => Ok((pin, made)),
@@ -463,31 +447,71 @@ impl View {
                 }
             }
         };
-        let (pin, made) = if !whiteout && !via_temp {
-            made_pinned(&c)?
-        } else {
-            let temp = temp_name();
-            let (pin, made) = made_pinned(&temp)?;
-            let placed = if whiteout {
-                names::replace_whiteout(dir, &temp, &c, is_dir)
-            } else {
-                nix::fcntl::renameat2(
-                    dir,
-                    temp.as_c_str(),
-                    dir,
-                    c.as_c_str(),
-                    RenameFlags::RENAME_NOREPLACE,
-                )
-            };
-            if let Err(e) = placed {
-                let _ = names::remove_any(dir, &temp, is_dir);
-                return Err(e);
-            }
-            if whiteout {
-                self.charge_inodes(parent, -1);
-            }
-            (pin, made)
+        // The kernel holds `parent` locked, so what local holds of the name does not change
+        // between a probe and the making. Where nothing but local can hold the name, the
+        // making is the probe: it fails exactly where local holds the name, and only then is
+        // local asked whether that is a whiteout to replace. Elsewhere one probe of local
+        // tells both whether the name is taken and whether a whiteout is replaced, and the
+        // remote is asked only where local holds nothing.
+        let fds = parent.dir_fds();
+        let mut made_at_once = None;
+        let whiteout = match self.local_alone(parent, &fds, name, &c, &index, via_temp) {
+            Some(local) => match made_pinned(local.as_fd(), &c) {
+                Ok((pin, made)) => {
+                    made_at_once = Some((local, pin, made));
+                    false
+                }
+                Err(Errno::EEXIST) => match resolve_local(parent, &fds, &c, Probe::Stat)? {
+                    InLocal::Whiteout => true,
+                    _ => return Err(Errno::EEXIST),
+                },
+                Err(e) => return Err(e),
+            },
+            None => match resolve_local(parent, &fds, &c, Probe::Stat)? {
+                InLocal::Object(..) => return Err(Errno::EEXIST),
+                InLocal::Whiteout => true,
+                InLocal::Nothing => {
+                    match self.resolve_below(parent, &fds, name, &c, &index, Probe::Stat) {
+                        Ok(_) => return Err(Errno::EEXIST),
+                        Err(Errno::ENOENT) => false,
+                        Err(e) => return Err(e),
+                    }
+                }
+            },
         };
+        let (dir, pin, made) = match made_at_once {
+            Some(done) => done,
+            None => {
+                let dir = self.ensure_local_dir(parent)?;
+                let (pin, made) = if !whiteout && !via_temp {
+                    made_pinned(dir.as_fd(), &c)?
+                } else {
+                    let temp = temp_name();
+                    let (pin, made) = made_pinned(dir.as_fd(), &temp)?;
+                    let placed = if whiteout {
+                        names::replace_whiteout(dir.as_fd(), &temp, &c, is_dir)
+                    } else {
+                        nix::fcntl::renameat2(
+                            dir.as_fd(),
+                            temp.as_c_str(),
+                            dir.as_fd(),
+                            c.as_c_str(),
+                            RenameFlags::RENAME_NOREPLACE,
+                        )
+                    };
+                    if let Err(e) = placed {
+                        let _ = names::remove_any(dir.as_fd(), &temp, is_dir);
+                        return Err(e);
+                    }
+                    if whiteout {
+                        self.charge_inodes(parent, -1);
+                    }
+                    (pin, made)
+                };
+                (dir, pin, made)
+            }
+        };
+        let dir = dir.as_fd();
         let entered = store::stat_fd(pin.as_fd()).and_then(|st| {
             let found = Found::Local { fd: Some(pin), st };
             self.materialize(parent, name, &c, &index, found)
@@ -507,6 +531,26 @@ impl View {
             }
         }
         Err(e)
+    }
+
+    /// Local's directory of `parent` where nothing but local can hold `name`: `parent` has
+    /// no remote part, and the layout shows no entry of that name in it. `None` also where
+    /// the object must be made under a temporary name anyway.
+    fn local_alone(
+        &self,
+        parent: &Node,
+        fds: &DirFds,
+        name: &OsStr,
+        c: &CStr,
+        index: &IndexOnce,
+        via_temp: bool,
+    ) -> Option<Arc<OwnedFd>> {
+        if via_temp || fds.remote.is_some() {
+            return None;
+        }
+        let local = fds.local.clone()?;
+        let below = self.resolve_below(parent, fds, name, c, index, Probe::Stat);
+        matches!(below, Err(Errno::ENOENT)).then_some(local)
     }
 
     /// The group a new entry gets: the directory's when it is set-group-ID (as the kernel
