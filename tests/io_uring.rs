@@ -290,9 +290,11 @@ fn over_the_ring_every_forget_arrives_alone_or_batched() {
     for i in 0..FILES {
         fs::write(work.join(format!("f{i}")), bytes(i as u64, 4096)).unwrap();
     }
+    // Either count may include descriptors the daemon holds for a moment (a refresh round
+    // scanning the remote, say), hence the slack here too.
     let (held, _) = descriptors(pid);
     assert!(
-        held >= baseline + FILES,
+        held + SLACK >= baseline + FILES,
         "{held} descriptors for {FILES} new nodes over {baseline}"
     );
 
