@@ -176,6 +176,25 @@ def daemon_cpu(pids):
     return total / 1000.0
 
 
+def wakeup_ipis():
+    """Interrupts sent so far to wake or run work on another CPU (RES and CAL lines of
+    /proc/interrupts, every CPU, the whole machine); None where the file is missing. On a VM
+    each one costs an exit on both sides, and how many a request pays depends on whether the
+    thread it wakes sits on an idle CPU: what moves the /dev/fuse rows from run to run."""
+    try:
+        with open("/proc/interrupts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    ncpu = len(lines[0].split()) if lines else 0
+    total = 0
+    for line in lines[1:]:
+        fields = line.split()
+        if fields and fields[0] in ("RES:", "CAL:"):
+            total += sum(int(x) for x in fields[1:1 + ncpu] if x.isdigit())
+    return total
+
+
 def per_op(before, after, n):
     """Requests per operation between two snapshots, by opcode, most first."""
     d = {k: (after.get(k, 0) - before.get(k, 0)) / n for k in after}
@@ -209,12 +228,12 @@ def cmd_meta(args):
         raise SystemExit("meta: %s is not empty" % d)
     names = ["f%06d" % i for i in range(n)]
     paths = [os.path.join(d, x) for x in names]
-    res, counts, cpu = {}, {}, {}
+    res, counts, cpu, ipis = {}, {}, {}, {}
 
     def timed(key, work, ops=n):
         """Runs `work`, which does `ops` operations (or returns how many it did); records
-        ops/s, requests and daemon CPU per operation."""
-        seen, used = requests(source), daemon_cpu(pids)
+        ops/s, requests, daemon CPU and wakeup interrupts per operation."""
+        seen, used, sent = requests(source), daemon_cpu(pids), wakeup_ipis()
         t = time.perf_counter()
         done = work()
         wall = time.perf_counter() - t
@@ -222,6 +241,8 @@ def cmd_meta(args):
         res[key] = ops / wall
         if pids:
             cpu[key] = round((daemon_cpu(pids) - used) / ops, 1)
+        if sent is not None:
+            ipis[key] = round((wakeup_ipis() - sent) / ops, 2)
         counts[key] = per_op(seen, requests(source), ops)
 
     def create():
@@ -262,6 +283,7 @@ def cmd_meta(args):
         res["requests"] = counts
     if pids:
         res["cpu_us"] = cpu
+    res["ipis"] = ipis
     print(json.dumps(res))
 
 
@@ -366,17 +388,19 @@ def target_ratio(res, target, key, fixed):
     return None if limit is None or not over else (1e6 / over) / limit
 
 
-def meta_table(runs, res, reqs, cpus, targets):
-    """Per metadata row and target: time, requests and server CPU per operation, the spread
-    over rounds, and for layerfs the §10 limit with ✓/✗."""
+def meta_table(runs, res, reqs, cpus, ipis, targets):
+    """Per metadata row and target: time, requests, server CPU and wakeup interrupts per
+    operation, the spread over rounds, and for layerfs the §10 limit with ✓/✗."""
     out = ["", "### Metadata per operation (median of the rounds)\n",
            "Time is wall time per operation (per entry for readdir); requests are those the "
            "server answered (FORGETs apart), CPU is the server's (all its threads) per "
-           "operation; spread is (max − min) / median of the rounds' rates, the goal ≤ 20 %. "
+           "operation; IPIs are the interrupts sent to wake a thread on another CPU (RES and CAL, "
+           "whole machine) per operation, the rounds' median; spread is (max − min) / median of "
+           "the rounds' rates, the goal ≤ 20 %. "
            "Limit (§10): the FUSE floor's time plus overlayfs's on the same transport, "
            "stretch: floor plus half of overlayfs.\n",
-           "| row | target | µs/op | requests/op | server CPU µs/op | spread | limit µs/op (stretch) |",
-           "|---|---|---:|---:|---:|---:|---|"]
+           "| row | target | µs/op | requests/op | server CPU µs/op | IPIs/op | spread | limit µs/op (stretch) |",
+           "|---|---|---:|---:|---:|---:|---:|---|"]
     for key, label, _unit, _hb, _tgt in WORKLOADS:
         if not key.startswith("meta_"):
             continue
@@ -390,6 +414,8 @@ def meta_table(runs, res, reqs, cpus, targets):
                 v for op, v in counts.items() if op not in NO_REPLY)
             cpu = cpus.get((t, key))
             cpu = "n/a" if not cpu else "%.1f" % statistics.median(cpu)
+            sent = ipis.get((t, key))
+            sent = "n/a" if not sent else "%.2f" % statistics.median(sent)
             v = runs.get((t, key), [])
             spread = "n/a" if len(v) < 2 else "%.0f %%%s" % (
                 100 * (max(v) - min(v)) / statistics.median(v),
@@ -399,7 +425,7 @@ def meta_table(runs, res, reqs, cpus, targets):
                 hard, soft = meta_limit(res, t, key), meta_limit(res, t, key, 0.5)
                 if hard is not None:
                     limit = "≤ %.1f (%.1f) %s" % (hard, soft, "✓" if us <= hard else "✗")
-            out.append("| %s | %s | %.1f | %s | %s | %s | %s |" % (label, t, us, asked, cpu, spread, limit))
+            out.append("| %s | %s | %.1f | %s | %s | %s | %s | %s |" % (label, t, us, asked, cpu, sent, spread, limit))
     return out
 
 
@@ -408,6 +434,7 @@ def cmd_report(args):
     runs = {}
     reqs = {}
     cpus = {}
+    ipis = {}
     with open(results_path) as f:
         for line in f:
             parts = line.split(None, 2)
@@ -416,6 +443,9 @@ def cmd_report(args):
                 continue
             if len(parts) == 3 and parts[1].startswith("cpu_"):
                 cpus.setdefault((parts[0], parts[1][len("cpu_"):]), []).append(float(parts[2]))
+                continue
+            if len(parts) == 3 and parts[1].startswith("ipi_"):
+                ipis.setdefault((parts[0], parts[1][len("ipi_"):]), []).append(float(parts[2]))
                 continue
             if len(parts) == 3:
                 try:
@@ -476,7 +506,7 @@ def cmd_report(args):
                 line += " ≥ %.2f%s |" % (want, mark)
             out.append(line)
     if any(k[1].startswith("meta_") for k in runs):
-        out += meta_table(runs, res, reqs, cpus, targets)
+        out += meta_table(runs, res, reqs, cpus, ipis, targets)
     if reqs:
         out.append("")
         out.append("### FUSE requests per operation (layerfs, from its metrics; last round)\n")

@@ -36,6 +36,18 @@ ensure_probe() {
 
 record() { echo "$1 $2 $3" >>"$RESULTS"; }
 
+# idle_policy: how an idle CPU waits (the cpuidle driver and governor, and a guest's halt
+# polling window), or nothing where sysfs does not say. On a VM whose idle vCPUs halt at once,
+# every wakeup of a thread on an idle CPU is an interrupt the hypervisor delivers, and the
+# /dev/fuse rows pay for it (benches/README.md, "/dev/fuse is a question of placement").
+idle_policy() {
+    local dir=/sys/devices/system/cpu/cpuidle poll=/sys/module/haltpoll/parameters/guest_halt_poll_ns out
+    [ -r "$dir/current_driver" ] || return 0
+    out="cpuidle $(cat "$dir/current_driver")/$(cat "$dir/current_governor" 2>/dev/null || echo ?)"
+    [ -r "$poll" ] && out+=", guest_halt_poll_ns=$(cat "$poll")"
+    echo "$out"
+}
+
 # fs_type PATH: the type of the filesystem PATH is on, by name (`stat -f` calls ext4
 # "ext2/ext3", whose magic it shares).
 fs_type() { findmnt -n -o FSTYPE -T "$1" 2>/dev/null | tail -n 1 | grep . || stat -f -c %T "$1"; }

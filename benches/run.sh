@@ -335,6 +335,8 @@ for k in ("create", "stat", "readdir", "unlink"):
         print(t, "requests_meta_" + k, json.dumps(m["requests"][k]))
     if k in m.get("cpu_us", {}):
         print(t, "cpu_meta_" + k, m["cpu_us"][k])
+    if k in m.get("ipis", {}):
+        print(t, "ipi_meta_" + k, m["ipis"][k])
 EOF
     log "$1 metadata: $2"
 }
@@ -449,6 +451,8 @@ mem_gib=$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
     echo "## layerfs benchmark"
     echo
     echo "- kernel: $(uname -r) ($(uname -m)); CPUs: $(nproc) ${cpu_model:+($cpu_model)}; memory: ${mem_gib} GiB"
+    idle=$(idle_policy)
+    [ -z "$idle" ] || echo "- idle CPUs: $idle"
     echo "- scratch filesystem: $fs_type; fio $(fio --version 2>/dev/null | sed 's/^fio-//')"
     want fuse-overlayfs && echo "- fuse-overlayfs: $(fuse-overlayfs --version 2>/dev/null | sed -n 's/^fuse-overlayfs: *//p' | head -n1)"
     want layerfs && echo "- layerfs: $("$LAYERFS" --version 2>/dev/null | head -n1 || echo unknown)"
