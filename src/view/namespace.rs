@@ -175,6 +175,7 @@ impl View {
                         rdev as u64,
                     )
                 })?;
+                // Made as the caller, and not a 0/0 device to mark: nothing more to do to it.
                 if !zero && creds::acts_as_caller() {
                     return Ok(());
                 }
@@ -456,39 +457,33 @@ impl View {
         };
         // The kernel holds `parent` locked, so what local holds of the name does not change
         // between a probe and the making. Where nothing but local can hold the name, the
-        // making is the probe: it fails exactly where local holds the name, and only then is
-        // local asked whether that is a whiteout to replace. Elsewhere one probe of local
-        // tells both whether the name is taken and whether a whiteout is replaced, and the
-        // remote is asked only where local holds nothing.
+        // making is the probe: it fails with `EEXIST` exactly where local holds the name, and
+        // only then is the name probed. The probe asks local once, which tells both whether
+        // the name is taken and whether a whiteout is to be replaced, and the remote only
+        // where local holds nothing.
         let fds = parent.dir_fds();
-        let mut made_at_once = None;
-        let whiteout = match self.local_alone(parent, &fds, name, &c, &index, via_temp) {
+        let made_at_once = match self.local_alone(parent, &fds, name, &c, &index, via_temp) {
             Some(local) => match made_pinned(local.as_fd(), &c) {
-                Ok((pin, made)) => {
-                    made_at_once = Some((local, pin, made));
-                    false
-                }
-                Err(Errno::EEXIST) => match resolve_local(parent, &fds, &c, Probe::Stat)? {
-                    InLocal::Whiteout => true,
-                    _ => return Err(Errno::EEXIST),
-                },
+                Ok((pin, made)) => Some((local, pin, made, false)),
+                Err(Errno::EEXIST) => None,
                 Err(e) => return Err(e),
             },
-            None => match resolve_local(parent, &fds, &c, Probe::Stat)? {
-                InLocal::Object(..) => return Err(Errno::EEXIST),
-                InLocal::Whiteout => true,
-                InLocal::Nothing => {
-                    match self.resolve_below(parent, &fds, name, &c, &index, Probe::Stat) {
-                        Ok(_) => return Err(Errno::EEXIST),
-                        Err(Errno::ENOENT) => false,
-                        Err(e) => return Err(e),
-                    }
-                }
-            },
+            None => None,
         };
-        let (dir, pin, made) = match made_at_once {
+        let (dir, pin, made, whiteout) = match made_at_once {
             Some(done) => done,
             None => {
+                let whiteout = match resolve_local(parent, &fds, &c, Probe::Stat)? {
+                    InLocal::Object(..) => return Err(Errno::EEXIST),
+                    InLocal::Whiteout => true,
+                    InLocal::Nothing => {
+                        match self.resolve_below(parent, &fds, name, &c, &index, Probe::Stat) {
+                            Ok(_) => return Err(Errno::EEXIST),
+                            Err(Errno::ENOENT) => false,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                };
                 let dir = self.ensure_local_dir(parent)?;
                 let (pin, made) = if !whiteout && !via_temp {
                     made_pinned(dir.as_fd(), &c)?
@@ -515,7 +510,7 @@ impl View {
                     }
                     (pin, made)
                 };
-                (dir, pin, made)
+                (dir, pin, made, whiteout)
             }
         };
         let dir = dir.as_fd();
